@@ -1,0 +1,100 @@
+"""The same model and step in PyTorch eager (or compiled), for a side-by-side comparison.
+
+Not a dependency of the project: run it with a Python that has torch installed, e.g.
+`python -m venv /some/venv && /some/venv/bin/pip install torch numpy`, then
+`/some/venv/bin/python benchmarks/torch_step.py [--compile] [--json]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+V, D, H, L, FF, S, B = 76, 128, 4, 4, 352, 64, 12
+HD = D // H
+
+
+def init(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+
+    def w(*shape):
+        return (0.02 * torch.randn(*shape, generator=g)).requires_grad_()
+
+    return {
+        "wte": w(V, D), "rms_final": torch.ones(D, requires_grad=True),
+        "rms_attn": torch.ones(L, D, requires_grad=True), "wq": w(L, D, D), "wk": w(L, D, D),
+        "wv": w(L, D, D), "wo": w(L, D, D), "rms_ffn": torch.ones(L, D, requires_grad=True),
+        "w1": w(L, D, FF), "w3": w(L, D, FF), "w2": w(L, FF, D),
+    }
+
+
+def rope(u: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    ue, uo = u[..., 0::2], u[..., 1::2]
+    return torch.stack((ue * cos - uo * sin, ue * sin + uo * cos), dim=-1).flatten(-2)
+
+
+def rms(u: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+
+
+def loss_fn(p: dict, x: torch.Tensor, y: torch.Tensor, cos, sin) -> torch.Tensor:
+    h = p["wte"][x]  # (B, S, D)
+    for l in range(L):
+        xb = rms(h, p["rms_attn"][l])
+        q = (xb @ p["wq"][l]).view(B, S, H, HD).transpose(1, 2)
+        k = (xb @ p["wk"][l]).view(B, S, H, HD).transpose(1, 2)
+        v = (xb @ p["wv"][l]).view(B, S, H, HD).transpose(1, 2)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = h + a.transpose(1, 2).reshape(B, S, D) @ p["wo"][l]
+        x2b = rms(h, p["rms_ffn"][l])
+        h = h + (F.silu(x2b @ p["w1"][l]) * (x2b @ p["w3"][l])) @ p["w2"][l]
+    logits = rms(h, p["rms_final"]) @ p["wte"].T
+    return F.cross_entropy(logits.view(-1, V), y.view(-1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compile", action="store_true", help="torch.compile the loss")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    p = init()
+    ang = torch.arange(S)[:, None] * 10000.0 ** (-torch.arange(0, HD, 2) / HD)[None, :]
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, V, (B, S), generator=g), torch.randint(0, V, (B, S), generator=g)
+    fn = torch.compile(loss_fn) if args.compile else loss_fn
+    fwd, bwd = [], []
+    for i in range(args.warmup + args.repeats + (10 if args.compile else 0)):
+        for t in p.values():
+            t.grad = None
+        t0 = time.perf_counter()
+        loss = fn(p, x, y, cos, sin)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        if i >= args.warmup + (10 if args.compile else 0):
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+    med = lambda a: sorted(a)[len(a) // 2]  # noqa: E731
+    total = med([a + b for a, b in zip(fwd, bwd, strict=True)])
+    flops = 3 * (L * (2 * B * S * D * (4 * D + 3 * FF) + 4 * B * S * S * D) + 2 * B * S * D * V)
+    result = {"library": "torch-compile" if args.compile else "torch-eager",
+              "forward_ms": round(1e3 * med(fwd), 2), "backward_ms": round(1e3 * med(bwd), 2),
+              "step_ms": round(1e3 * total, 2), "tokens_per_s": round(B * S / total),
+              "gflops": round(flops / total / 1e9, 1), "loss": round(loss.item(), 4),
+              "torch": torch.__version__, "expected_loss": round(math.log(V), 4)}
+    print(json.dumps(result) if args.json else result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""The whole model: the contract's forward, exact gradients, dtype, purity and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import xenith_edu as xe
+from xenith_edu.gradcheck import check_gradient, check_model
+from xenith_edu.softmax_ce import softmax_cross_entropy
+
+CONFIGS = {
+    "tied-4heads-2layers": dict(n_head=4, n_layer=2, tie_embeddings=True),
+    "untied-1head-2layers": dict(n_head=1, n_layer=2, tie_embeddings=False),
+    "tied-2heads-3layers": dict(n_head=2, n_layer=3, tie_embeddings=True),
+}
+
+
+def make(rng, tie_embeddings=True, n_head=2, n_layer=2, V=13, d=16, f=24, seq_len=8):
+    """A small config and non-degenerate float64 params: larger weights, gains away from one."""
+    cfg = xe.Config(vocab_size=V, n_embd=d, n_head=n_head, n_layer=n_layer, ffn_hidden=f,
+                    seq_len=seq_len, tie_embeddings=tie_embeddings)
+    params = {}
+    for name, shape in xe.param_shapes(cfg).items():
+        if name.startswith("rms"):
+            params[name] = 1.0 + 0.3 * rng.standard_normal(shape)
+        else:
+            params[name] = 0.4 * rng.standard_normal(shape)
+    return cfg, params
+
+
+def reference_logits(params, cfg, x):
+    """The contract's forward pass, written independently with loops over heads and pairs."""
+    B, S = x.shape
+    d, H = cfg.n_embd, cfg.n_head
+    hd = d // H
+
+    def rms(u, w):
+        return u / np.sqrt(np.mean(u**2, -1, keepdims=True) + cfg.norm_eps) * w
+
+    def rope(u):  # (B, S, hd)
+        out = u.copy()
+        for t in range(S):
+            for i in range(hd // 2):
+                a = t * cfg.rope_theta ** (-2 * i / hd)
+                c, s = np.cos(a), np.sin(a)
+                out[:, t, 2 * i] = u[:, t, 2 * i] * c - u[:, t, 2 * i + 1] * s
+                out[:, t, 2 * i + 1] = u[:, t, 2 * i] * s + u[:, t, 2 * i + 1] * c
+        return out
+
+    h = params["wte"][x]
+    for l in range(cfg.n_layer):
+        xb = rms(h, params["rms_attn"][l])
+        q, k, v = xb @ params["wq"][l], xb @ params["wk"][l], xb @ params["wv"][l]
+        heads = []
+        for j in range(H):
+            sl = slice(j * hd, (j + 1) * hd)
+            qj, kj = rope(q[..., sl]), rope(k[..., sl])
+            scores = qj @ kj.transpose(0, 2, 1) / np.sqrt(hd)
+            scores[:, ~np.tril(np.ones((S, S), bool))] = -np.inf
+            p = np.exp(scores - scores.max(-1, keepdims=True))
+            heads.append((p / p.sum(-1, keepdims=True)) @ v[..., sl])
+        h = h + np.concatenate(heads, -1) @ params["wo"][l]
+        x2b = rms(h, params["rms_ffn"][l])
+        g = x2b @ params["w1"][l]
+        h = h + (g / (1 + np.exp(-g)) * (x2b @ params["w3"][l])) @ params["w2"][l]
+    w_out = params["wte"] if cfg.tie_embeddings else params["lm_head"]
+    return rms(h, params["rms_final"]) @ w_out.T
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_forward_matches_contract(rng, kind):
+    cfg, params = make(rng, **CONFIGS[kind])
+    x = rng.integers(0, cfg.vocab_size, (3, 7))
+    logits, _ = xe.forward(params, cfg, x)
+    np.testing.assert_allclose(logits, reference_logits(params, cfg, x), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+@pytest.mark.parametrize("S", [1, 8])
+def test_model_gradients(rng, kind, S):
+    cfg, params = make(rng, **CONFIGS[kind])
+    x = rng.integers(0, cfg.vocab_size, (2, S))
+    y = rng.integers(0, cfg.vocab_size, (2, S))
+    results = check_model(params, cfg, x, y, n_coords=10, seed=7, tol=1e-6)
+    assert [r.name for r in results] == list(xe.param_shapes(cfg))
+    for r in results:
+        assert r.passed, str(r)
+
+
+def test_model_gradients_repeated_tokens(rng):
+    """Every coordinate of wte when the batch repeats two tokens: the scatter must add."""
+    cfg, params = make(rng, tie_embeddings=False)
+    x = np.array([[3, 3, 3, 5, 3, 5, 5, 3], [5, 3, 3, 3, 3, 5, 3, 3]])
+    y = np.roll(x, -1, axis=1)
+    _, grads = xe.loss_and_grads(params, cfg, x, y)
+
+    def f(w):
+        return softmax_cross_entropy(xe.forward({**params, "wte": w}, cfg, x)[0], y)[0]
+
+    result = check_gradient(f, params["wte"], grads["wte"], name="wte", tol=1e-6)
+    assert result.passed, str(result)
+    unused = [v for v in range(cfg.vocab_size) if v not in (3, 5)]
+    assert np.all(grads["wte"][unused] == 0)  # untied: only the two used rows move
+
+
+def test_loss_and_grads_is_forward_then_backward(rng):
+    cfg, params = make(rng)
+    x, y = rng.integers(0, cfg.vocab_size, (2, 5)), rng.integers(0, cfg.vocab_size, (2, 5))
+    loss, grads = xe.loss_and_grads(params, cfg, x, y)
+    logits, cache = xe.forward(params, cfg, x)
+    loss2, grads2 = xe.backward(params, cfg, cache, y)
+    assert loss == loss2
+    assert set(grads) == set(params)
+    for k in params:
+        np.testing.assert_array_equal(grads[k], grads2[k])
+        assert grads[k].shape == params[k].shape
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dtype_kept_and_inputs_untouched(rng, dtype):
+    cfg = xe.Config(vocab_size=11, n_embd=16, n_head=2, n_layer=2, seq_len=8)
+    params = xe.init_params(cfg, seed=3, dtype=dtype)
+    assert all(p.dtype == dtype for p in params.values())
+    before = {k: v.copy() for k, v in params.items()}
+    x = rng.integers(0, 11, (2, 8))
+    y = rng.integers(0, 11, (2, 8))
+    x0, y0 = x.copy(), y.copy()
+    logits, _ = xe.forward(params, cfg, x)
+    assert logits.dtype == dtype and logits.shape == (2, 8, 11)
+    loss, grads = xe.loss_and_grads(params, cfg, x, y)
+    assert isinstance(loss, float) and np.isfinite(loss)
+    assert all(g.dtype == dtype for g in grads.values())
+    for k in params:
+        np.testing.assert_array_equal(params[k], before[k])
+    np.testing.assert_array_equal(x, x0)
+    np.testing.assert_array_equal(y, y0)
+
+
+def test_float32_agrees_with_float64(rng):
+    cfg, params = make(rng)
+    x, y = rng.integers(0, cfg.vocab_size, (2, 8)), rng.integers(0, cfg.vocab_size, (2, 8))
+    loss64, g64 = xe.loss_and_grads(params, cfg, x, y)
+    p32 = {k: v.astype(np.float32) for k, v in params.items()}
+    loss32, g32 = xe.loss_and_grads(p32, cfg, x, y)
+    assert loss32 == pytest.approx(loss64, rel=1e-5)
+    for k in params:
+        err = np.abs(g32[k] - g64[k]).max() / np.abs(g64[k]).max()
+        assert err < 1e-3, k
+
+
+def test_init_params_is_seeded():
+    cfg = xe.Config(vocab_size=11, n_embd=16, n_head=2, n_layer=2)
+    a, b = xe.init_params(cfg, seed=5), xe.init_params(cfg, seed=5)
+    c = xe.init_params(cfg, seed=6)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["wq"], c["wq"])
+    assert np.all(a["rms_attn"] == 1.0) and a["wte"].std() == pytest.approx(0.02, rel=0.1)
+
+
+def test_default_ffn_hidden_is_llama_rule():
+    assert xe.Config(vocab_size=76, n_embd=128, n_head=4, n_layer=4).ffn_hidden == 352
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(n_embd=130, n_head=4), "n_embd"),
+    (dict(n_embd=12, n_head=4), "n_head"),  # head width 3 is odd
+    (dict(n_layer=0), "n_layer"),
+    (dict(vocab_size=-1), "vocab_size"),
+    (dict(seq_len=0), "seq_len"),
+    (dict(ffn_hidden=0), "ffn_hidden"),
+    (dict(norm_eps=0.0), "norm_eps"),
+])
+def test_config_rejects_impossible_shapes(kwargs, field):
+    base = dict(vocab_size=11, n_embd=16, n_head=2, n_layer=2)
+    with pytest.raises(ValueError, match=field):
+        xe.Config(**{**base, **kwargs})
+
+
+def test_config_rejects_non_integers():
+    with pytest.raises(TypeError, match="n_embd"):
+        xe.Config(vocab_size=11, n_embd=16.0, n_head=2, n_layer=2)
+
+
+@pytest.fixture
+def small():
+    cfg = xe.Config(vocab_size=11, n_embd=16, n_head=2, n_layer=1, seq_len=6)
+    return cfg, xe.init_params(cfg, seed=0, dtype=np.float64)
+
+
+@pytest.mark.parametrize("x, exc, match", [
+    (np.array([[1, 2, 11]]), ValueError, r"outside \[0, 11\)"),
+    (np.array([[1, -1]]), ValueError, r"outside \[0, 11\)"),
+    (np.array([[1.0, 2.0]]), TypeError, "integer"),
+    (np.zeros((1, 7), dtype=np.int64), ValueError, "longer than Config.seq_len"),
+    (np.array([1, 2, 3]), ValueError, r"\(B, S\)"),
+    ([[1, 2]], TypeError, "NumPy"),
+])
+def test_forward_rejects_bad_tokens(small, x, exc, match):
+    cfg, params = small
+    with pytest.raises(exc, match=match):
+        xe.forward(params, cfg, x)
+
+
+def test_loss_and_grads_rejects_mismatched_targets(small):
+    cfg, params = small
+    x = np.array([[1, 2, 3]])
+    with pytest.raises(ValueError, match="y has shape"):
+        xe.loss_and_grads(params, cfg, x, np.array([[1, 2]]))
+    with pytest.raises(ValueError, match=r"y has token ids"):
+        xe.loss_and_grads(params, cfg, x, np.array([[1, 2, 99]]))
+
+
+def test_forward_rejects_bad_params(small):
+    cfg, params = small
+    x = np.array([[1, 2]])
+    with pytest.raises(ValueError, match="missing keys.*'wq'"):
+        xe.forward({k: v for k, v in params.items() if k != "wq"}, cfg, x)
+    with pytest.raises(ValueError, match=r"params\['w1'\] has shape"):
+        xe.forward({**params, "w1": params["w1"][:, :, :-1]}, cfg, x)
+    with pytest.raises(ValueError, match="lm_head"):
+        xe.forward({**params, "lm_head": params["wte"]}, cfg, x)  # tied config
+    with pytest.raises(TypeError, match="dtype"):
+        xe.forward({**params, "wq": params["wq"].astype(np.float32)}, cfg, x)
