@@ -21,7 +21,8 @@ book: $(STAMP)
 ## test: lint, unit tests, notebooks (nbval) and the browser test of the built book
 test: $(STAMP)
 	$(BIN)/ruff check xenith_edu tests benchmarks
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --nbval --nbval-current-env \
+		--nbval-sanitize-with notebooks/sanitize.cfg tests notebooks
 
 lint: $(STAMP)
 	$(BIN)/ruff check xenith_edu tests benchmarks

@@ -30,7 +30,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
 ARTIFACTS = ROOT / "tests" / "artifacts"
-CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM = Path(os.environ.get("CHROMIUM") or "/usr/bin/chromium")
 IN_CI = bool(os.environ.get("CI"))
 SCREENSHOTS = {  # page -> screenshot file in tests/artifacts/
     "book/intro": "front_page.png",
@@ -79,7 +79,7 @@ def built_book() -> Path:
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 
@@ -97,7 +97,7 @@ def site(built_book: Path):
 
 @pytest.fixture(scope="session")
 def browser():
-    require(CHROMIUM.exists(), f"no Chromium at {CHROMIUM}: apt-get install chromium")
+    require(CHROMIUM.is_file(), f"no Chromium at {CHROMIUM}: apt-get install chromium")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -210,7 +210,7 @@ LINKS = "() => [...document.querySelectorAll('a[href]')].map(a => a.href)"
 RAW_TEX = re.compile(r"\$\$|\\\(|\\\)|\\\[|\\\]|\\begin\{|(?<![\w$])\$[^\s$][^$\n]{0,200}\$")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def anchors_of(path: Path) -> frozenset[str]:
     text = path.read_text(encoding="utf-8", errors="replace")
     return frozenset(re.findall(r"""\b(?:id|name)=["']([^"']+)["']""", text))
@@ -246,8 +246,14 @@ def test_page_renders_offline(visit: Visit, site: str, doc: str) -> None:
 
     # math: MathJax from the site typesets every math element; no raw TeX remains
     state = page.evaluate(WAIT_FOR_MATHJAX)
+    if doc in SCREENSHOTS:  # taken before the checks, so a failing page is on record too
+        ARTIFACTS.mkdir(exist_ok=True)
+        height = min(page.evaluate("() => document.documentElement.scrollHeight"), 4000)
+        page.screenshot(path=str(ARTIFACTS / SCREENSHOTS[doc]), full_page=True,
+                        clip={"x": 0, "y": 0, "width": 1280, "height": height})
     if state["math"]:
-        assert state["loaded"], f"{doc}: {state['math']} math elements but MathJax never started"
+        assert state["loaded"], (f"{doc}: {state['math']} math elements but MathJax never "
+                                 f"started; blocked requests: {visit.outside}")
         report = page.evaluate(MATH_REPORT)
         assert not report["untypeset"], f"{doc}: math left untypeset: {report['untypeset'][:5]}"
         assert report["containers"] >= state["math"], f"{doc}: fewer MathJax outputs than math"
@@ -272,8 +278,8 @@ def test_page_renders_offline(visit: Visit, site: str, doc: str) -> None:
 
     # chapters: the notebook download, collapsed solutions and solution code
     if doc.startswith("notebooks/"):
-        downloads = page.evaluate(
-            "() => [...document.querySelectorAll('a[href$=\".ipynb\"]')].map(a => a.href)")
+        links = page.evaluate("() => [...document.querySelectorAll('a[href]')].map(a => a.href)")
+        downloads = [h for h in links if h.startswith(site) and h.endswith(".ipynb")]
         assert downloads, f"{doc}: no .ipynb download link"
         for href in downloads:
             rel = unquote(urlsplit(href).path).lstrip("/")
@@ -283,18 +289,13 @@ def test_page_renders_offline(visit: Visit, site: str, doc: str) -> None:
             .filter(s => !s.classList.contains('toggle-hidden')).map(s => s.id)""")
         assert not shown, f"{doc}: solutions not collapsed by default: {shown}"
         open_code = page.evaluate("""() => [...document.querySelectorAll(
-            'article .tag_hide-input details')].filter(d => d.open).length""")
-        assert open_code == 0, f"{doc}: {open_code} hide-input cells shown open"
+            'article .tag_hide-input')].filter(c => {
+              const d = c.querySelector('details'); return !d || d.open; }).length""")
+        assert open_code == 0, f"{doc}: {open_code} hide-input cells not collapsed"
 
     assert not visit.outside, f"{doc}: requests leaving the site: {visit.outside}"
     assert not visit.missing, f"{doc}: same-site requests that failed: {visit.missing}"
     assert not visit.errors, f"{doc}: JavaScript errors: {visit.errors}"
-
-    if doc in SCREENSHOTS:
-        ARTIFACTS.mkdir(exist_ok=True)
-        height = min(page.evaluate("() => document.documentElement.scrollHeight"), 4000)
-        page.screenshot(path=str(ARTIFACTS / SCREENSHOTS[doc]), full_page=True,
-                        clip={"x": 0, "y": 0, "width": 1280, "height": height})
 
 
 def test_front_door_redirects(visit: Visit, site: str) -> None:

@@ -97,6 +97,14 @@ def test_save_failure_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     assert load_checkpoint(path).step == 42
 
 
+def test_written_files_get_the_usual_permissions(tmp_path):
+    import os
+    umask = os.umask(0o022)
+    os.umask(umask)
+    _save(tmp_path / "ckpt.npz")
+    assert (tmp_path / "ckpt.npz").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         load_checkpoint(tmp_path / "nope.npz")
@@ -125,7 +133,7 @@ def test_not_a_checkpoint(tmp_path):
 def test_another_config_is_refused_naming_the_difference(tmp_path):
     _save(tmp_path / "ckpt.npz")
     other = Config(vocab_size=7, n_embd=32, n_head=2, n_layer=2, ffn_hidden=24, seq_len=8)
-    with pytest.raises(ValueError, match="another model config.*n_embd 16 in the checkpoint, 32"):
+    with pytest.raises(ValueError, match="another model config.*n_embd: 16 in the checkpoint, 32"):
         load_checkpoint(tmp_path / "ckpt.npz", config=other)
     assert load_checkpoint(tmp_path / "ckpt.npz", config=CFG).step == 42
 

@@ -259,7 +259,7 @@ def test_components_keep_dtype_and_inputs(rng, dtype):
     for name, fn, args in _calls(rng, dtype):
         before = [a.copy() for a in _arrays(args)]
         out = fn(*args)
-        for a, b in zip(_arrays(args), before):
+        for a, b in zip(_arrays(args), before, strict=True):
             np.testing.assert_array_equal(a, b, err_msg=f"{name} changed an input in place")
         outs = out if isinstance(out, tuple) else (out,)
         for o in outs:

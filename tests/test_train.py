@@ -102,6 +102,16 @@ def test_resume_is_bit_identical_to_one_run(tmp_path):
     assert trace(lb) == trace(la)
 
 
+def test_resume_after_a_crash_mid_log_line(tmp_path):
+    _run(replace(TINY, steps=3), tmp_path)
+    log = tmp_path / "log.jsonl"
+    log.write_text(log.read_text() + '{"event": "train", "step": 3, "lo')  # killed mid-write
+    assert read_log(log)[-1]["step"] == 3 and read_log(log)[-1]["event"] == "eval"
+    _run(TINY, tmp_path, resume=tmp_path)
+    steps = [x["step"] for x in read_log(log) if x["event"] == "train"]
+    assert steps == list(range(6))
+
+
 def test_a_different_seed_gives_a_different_run(tmp_path):
     a = _run(replace(TINY, steps=2), tmp_path / "a")
     b = _run(replace(TINY, steps=2, seed=7), tmp_path / "b")
@@ -120,7 +130,7 @@ def test_existing_run_is_not_overwritten_by_accident(tmp_path):
 
 def test_resume_checks_config_and_steps(tmp_path):
     _run(replace(TINY, steps=2), tmp_path)
-    with pytest.raises(ValueError, match="another model config.*n_embd 64 in the checkpoint, 32"):
+    with pytest.raises(ValueError, match="another model config.*n_embd: 64 in the checkpoint, 32"):
         _run(replace(TINY, n_embd=32), tmp_path, resume=tmp_path)
     with pytest.raises(ValueError, match="already at step 2"):
         _run(replace(TINY, steps=2), tmp_path, resume=tmp_path)
@@ -170,17 +180,11 @@ def test_evaluate_is_the_mean_per_token_loss():
     assert evaluate(params, cfg, x, y, chunk=7) == pytest.approx(want, rel=1e-12)
 
 
-def _golden_trace(tc):
-    with _tmpdir() as d:
-        _run(tc, d)
-        records = read_log(Path(d) / "log.jsonl")
+def _golden_trace(tc, out):
+    _run(tc, out)
+    records = read_log(Path(out) / "log.jsonl")
     return {"train_loss": [x["loss"] for x in records if x["event"] == "train"],
             "val_loss": [x["val_loss"] for x in records if x["event"] == "eval"]}
-
-
-def _tmpdir():
-    import tempfile
-    return tempfile.TemporaryDirectory()
 
 
 GOLDEN_RUN = replace(SMALL, steps=60, eval_every=30, eval_batches=4)
@@ -190,7 +194,7 @@ def _max_gap(a, b):
     return max(max(abs(p - q) for p, q in zip(a[k], b[k], strict=True)) for k in a)
 
 
-def test_golden_loss_curve_of_the_small_preset():
+def test_golden_loss_curve_of_the_small_preset(tmp_path):
     """60 seeded steps of the small preset reproduce the stored loss trace within 1e-3.
 
     Measured when the trace was made: perturbing every initial weight by a relative 1e-6
@@ -198,7 +202,7 @@ def test_golden_loss_curve_of_the_small_preset():
     trace by at most 5e-5, while dropping weight decay moved it by 5e-3, lr * 1.05 by 3e-2,
     no clipping by 0.27. The second run below proves the tolerance still catches the subtlest.
     """
-    got = _golden_trace(GOLDEN_RUN)
+    got = _golden_trace(GOLDEN_RUN, tmp_path / "golden")
     if os.environ.get("XENITH_EDU_UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(json.dumps({"run": "SMALL preset, steps=60, eval_every=30, "
@@ -210,7 +214,7 @@ def test_golden_loss_curve_of_the_small_preset():
     # training works: the loss falls well below its start, log(76) = 4.33
     assert want["val_loss"][0] > 4.3 and want["val_loss"][-1] < 2.8
     # the tolerance is tight enough to notice a recipe without weight decay
-    other = _golden_trace(replace(GOLDEN_RUN, weight_decay=0.0))
+    other = _golden_trace(replace(GOLDEN_RUN, weight_decay=0.0), tmp_path / "no_decay")
     assert _max_gap(other, want) > GOLDEN_ATOL
 
 

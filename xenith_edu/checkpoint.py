@@ -21,6 +21,8 @@ from .model import Config, param_shapes
 
 FORMAT = "xenith-edu checkpoint 1"
 GROUPS = ("params", "m", "v")  # parameters, AdamW first and second moments
+_UMASK = os.umask(0o022)  # read the process umask (the only way is to set it) ...
+os.umask(_UMASK)  # ... and put it back at once
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")
 
 
@@ -33,6 +35,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -109,9 +112,9 @@ def save_checkpoint(
 
 
 def config_mismatch(have: Config, want: Config) -> str:
-    """The fields where two configs differ, as 'n_layer 2 in the checkpoint, 4 asked'."""
+    """The fields where two configs differ, as 'n_layer: 2 in the checkpoint, 4 asked'."""
     a, b = have.to_dict(), want.to_dict()
-    return ", ".join(f"{k} {a[k]} in the checkpoint, {b[k]} asked" for k in a if a[k] != b[k])
+    return "; ".join(f"{k}: {a[k]} in the checkpoint, {b[k]} asked" for k in a if a[k] != b[k])
 
 
 def _bad(path: Path, why: str) -> ValueError:

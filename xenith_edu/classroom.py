@@ -31,14 +31,16 @@ CODE_STUB = "raise NotImplementedError()"
 TEXT_STUB = "YOUR ANSWER HERE"
 # sphinx-exercise solutions: a {solution} directive (one cell), or a gated pair
 # {solution-start} ... {solution-end} spanning cells.
-SOLUTION_DIRECTIVE = re.compile(r"^\s*(`{3,}|:{3,})\s*\{solution\}", re.MULTILINE)
+SOLUTION_DIRECTIVE = re.compile(r"^\s*(`{3,}|:{3,})\s*\{solution\}")
 SOLUTION_START = re.compile(r"^\s*(`{3,}|:{3,})\s*\{solution-start\}", re.MULTILINE)
 SOLUTION_END = re.compile(r"^\s*(`{3,}|:{3,})\s*\{solution-end\}", re.MULTILINE)
 CHECK_CALL = re.compile(r"\bcheck_(\w+)\s*\(")
 
 STATUSES = ("passed", "failed", "not attempted", "notebook error")
 CSV_FIELDS = ("learner", "notebook", "exercise", "status", "message")
+DEFAULT_TIMEOUT = 120.0  # seconds per notebook
 KILL_GRACE = 30.0  # seconds past the time limit before the grader kills a stuck worker
+PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)  # put on the worker's sys.path
 
 
 def _one_line(text: object) -> str:
@@ -104,6 +106,24 @@ def _strip_regions(source: str, where: str, code: bool) -> tuple[str, bool]:
     return "\n".join(out), changed
 
 
+def _drop_solution_blocks(source: str) -> str:
+    """The markdown `source` without its {solution} directives (fence to closing fence)."""
+    out: list[str] = []
+    fence = ""
+    for line in source.split("\n"):
+        if fence:  # inside a solution: a line of at least as many fence characters closes it
+            bare = line.strip()
+            if len(bare) >= len(fence) and set(bare) == {fence[0]}:
+                fence = ""
+            continue
+        opening = SOLUTION_DIRECTIVE.match(line)
+        if opening:
+            fence = opening.group(1)
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
 def _student_notebook(nb, name: str):  # nb: nbformat.NotebookNode
     """The student version of one notebook, built in place on `nb` (a private copy)."""
     cells = []
@@ -118,7 +138,8 @@ def _student_notebook(nb, name: str):  # nb: nbformat.NotebookNode
             if SOLUTION_START.search(source):
                 in_gated = not SOLUTION_END.search(source)
                 continue
-            if SOLUTION_DIRECTIVE.search(source):
+            source = _drop_solution_blocks(source)
+            if not source.strip():
                 continue  # a solution cell: removed from the student version
         elif in_gated:
             continue  # code inside a gated solution goes with it
@@ -139,6 +160,18 @@ def _student_notebook(nb, name: str):  # nb: nbformat.NotebookNode
         raise ValueError(f"{name}: a {{solution-start}} is never closed by a {{solution-end}}")
     nb.cells = cells
     return nb
+
+
+def _require(*modules: str) -> None:
+    """Import the notebook machinery, or say in one line how to install it."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise ImportError(f"the classroom needs the package {name}: pip install nbformat "
+                              "nbclient ipykernel") from None
 
 
 def _read_notebook(path: Path):
@@ -162,6 +195,7 @@ def make_student_versions(src: Path, out: Path) -> list[Path]:
     are cleared. The copies keep their file names, in the folder `out` (created if needed).
     Returns their paths. Raises ValueError naming what is wrong; nothing is written then.
     """
+    _require("nbformat")
     import nbformat
 
     src, out = _as_path(src, "src"), _as_path(out, "out")
@@ -210,7 +244,8 @@ def _worker() -> None:
     spec_dir = Path(workdir).parent / "jupyter" / "kernels" / "xenith-grader"
     spec_dir.mkdir(parents=True)
     (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "argv": [sys.executable, "-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f",
+                 "{connection_file}"],
         "display_name": "xenith-edu grader", "language": "python"}))
     os.environ["JUPYTER_PATH"] = os.pathsep.join(
         [str(spec_dir.parent.parent)] + [p for p in [os.environ.get("JUPYTER_PATH")] if p])
@@ -272,6 +307,9 @@ def _run_notebook(path: Path, timeout: float) -> tuple[dict[str, tuple[str, str]
         workdir = tmpdir / "work"  # the kernel's working folder: empty, thrown away after
         workdir.mkdir()
         env = dict(os.environ, **{GRADE_LOG_ENV: str(log)})
+        # the worker and the kernel import xenith_edu from where the grader found it
+        env["PYTHONPATH"] = os.pathsep.join(
+            [PACKAGE_PARENT] + [p for p in [os.environ.get("PYTHONPATH")] if p])
         cmd = [sys.executable, "-c", "from xenith_edu.classroom import _worker; _worker()",
                str(path.resolve()), str(result), repr(float(timeout)), str(workdir),
                str(pgid_file)]
@@ -281,15 +319,15 @@ def _run_notebook(path: Path, timeout: float) -> tuple[dict[str, tuple[str, str]
                                     stderr=err, env=env, cwd=workdir, **popen_kw)
             try:
                 proc.wait(timeout=timeout + KILL_GRACE)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # the worker is stuck: stop it and its kernel
                 _kill_group(proc.pid)
                 proc.kill()
                 proc.wait()
-        if pgid_file.exists():  # the kernel has a process group of its own: make sure it's gone
-            try:
-                _kill_group(int(pgid_file.read_text()))
-            except ValueError:
-                pass
+                if pgid_file.exists():  # the kernel runs in a process group of its own
+                    try:
+                        _kill_group(int(pgid_file.read_text()))
+                    except ValueError:
+                        pass
         verdicts: dict[str, tuple[str, str]] = {}
         if log.exists():
             for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -329,7 +367,7 @@ def _grade_notebook(path: Path, timeout: float) -> list[tuple[str, str, str]]:
     try:
         nb = _read_notebook(path)
     except ValueError as exc:
-        return [("", "notebook error", f"not a notebook: {exc}")]
+        return [("", "notebook error", str(exc))]
     expected = _expected_exercises(nb)
     verdicts, error = _run_notebook(path, timeout)
     rows = []
@@ -367,18 +405,22 @@ def _submissions(root: Path, skip: set[Path]) -> list[tuple[str, Path | None, st
     return found
 
 
-def grade(submissions_dir: Path, out_csv: Path, timeout: float = 120.0) -> list[dict]:
+def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_TIMEOUT
+          ) -> list[dict]:
     """Run every submitted notebook and write one CSV row per learner and exercise.
 
     Learners: a notebook `alice.ipynb` directly in `submissions_dir` is learner "alice"; a
     subfolder `bob/` is learner "bob", and every notebook inside it is graded. Each notebook runs
     top to bottom in a fresh kernel, in a worker process of its own, stopped after `timeout`
-    seconds. The columns are learner, notebook (relative to `submissions_dir`), exercise,
-    status ("passed", "failed", "not attempted" or "notebook error") and message (the check's
-    verdict, or what stopped the notebook). A notebook that crashes, loops or is not a notebook
-    gets a "notebook error" row; grading goes on. Returns the rows as dicts.
+    seconds (None means DEFAULT_TIMEOUT). The columns are learner, notebook (its path relative
+    to `submissions_dir`), exercise, status ("passed", "failed", "not attempted" or "notebook
+    error") and message (the check's verdict, or what stopped the notebook). A notebook that
+    crashes, loops or is not a notebook gets a "notebook error" row; grading goes on. The CSV
+    is written atomically at the end. Returns the rows as dicts.
     """
     root, out_csv = _as_path(submissions_dir, "submissions_dir"), _as_path(out_csv, "out_csv")
+    if timeout is None:
+        timeout = DEFAULT_TIMEOUT
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or \
             not math.isfinite(timeout) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -388,6 +430,7 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float = 120.0) -> list[
         raise ValueError(f"out_csv: {out_csv} is a folder; give a file name such as grades.csv")
     if not out_csv.parent.is_dir():
         raise ValueError(f"out_csv: the folder {out_csv.parent} does not exist")
+    _require("nbformat", "nbclient", "ipykernel")
 
     rows: list[dict] = []
     for learner, notebook, problem in _submissions(root, {out_csv.resolve()}):

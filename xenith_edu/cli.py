@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "to the model's last seq_len characters.")
     p.add_argument("checkpoint", metavar="CKPT",
                    help="checkpoint file (ckpt.npz) or the run directory holding it")
-    p.add_argument("--prompt", default="\n",
+    p.add_argument("--prompt", default=None,
                    help="text to continue; every character must be in the model's vocabulary "
                    "(default: a newline)")
     p.add_argument("--chars", type=_nonneg_int, default=500, metavar="N",
@@ -148,10 +148,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _default_prompt(vocab: str) -> str:
+    """A newline, the natural start of a text, if the vocabulary has one."""
+    return "\n" if "\n" in vocab else vocab[0]
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from .checkpoint import config_mismatch, load_checkpoint
+    from .perf import keep_freed_memory
     from .sample import sample_text
     from .train import PRESETS, TrainConfig, train
+
+    keep_freed_memory()  # no page faults on the step's arrays (see xenith_edu/perf.py)
 
     if args.resume is not None:
         ckpt = load_checkpoint(args.resume)
@@ -195,7 +203,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
           f"{result.seconds:.0f} s in all")
     if args.sample_chars:
         print("sample:")
-        print(sample_text(result.params, result.config, result.tokenizer, "\n",
+        print(sample_text(result.params, result.config, result.tokenizer,
+                          _default_prompt(result.tokenizer.vocab),
                           args.sample_chars, temperature=0.8, seed=0))
     return 0
 
@@ -206,7 +215,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     from .sample import sample_text
 
     ckpt = load_checkpoint(args.checkpoint)
-    text = sample_text(ckpt.params, ckpt.config, CharTokenizer(ckpt.vocab), args.prompt,
+    prompt = _default_prompt(ckpt.vocab) if args.prompt is None else args.prompt
+    text = sample_text(ckpt.params, ckpt.config, CharTokenizer(ckpt.vocab), prompt,
                        args.chars, temperature=args.temperature, top_k=args.top_k,
                        seed=args.seed)
     print(text)
@@ -246,16 +256,17 @@ def _cmd_gradcheck(args: argparse.Namespace) -> int:
 def _cmd_student(args: argparse.Namespace) -> int:
     from . import classroom  # written separately; imported only when asked for
 
-    classroom.make_student_versions(args.src, args.out)
-    print(f"wrote student versions of {args.src} into {args.out}")
+    written = classroom.make_student_versions(Path(args.src), Path(args.out)) or []
+    print(f"wrote {len(written)} student notebook(s) into {args.out}")
     return 0
 
 
 def _cmd_grade(args: argparse.Namespace) -> int:
     from . import classroom  # written separately; imported only when asked for
 
-    classroom.grade(args.submissions, args.out, args.timeout)
-    print(f"wrote grades of {args.submissions} to {args.out}")
+    rows = classroom.grade(Path(args.submissions), Path(args.out), args.timeout) or []
+    passed = sum(1 for r in rows if r.get("status") == "passed")
+    print(f"wrote {len(rows)} grade row(s), {passed} passed, to {args.out}")
     return 0
 
 

@@ -10,6 +10,9 @@ import math
 
 import numpy as np
 
+# Shape legend: p, g, m, v all have the shape of one parameter (any shape); AdamW is elementwise.
+# Dicts of arrays are keyed by the parameter names of the model (wte, rms_attn, wq, ...).
+
 
 def lr_at(step: int, max_lr: float, min_lr: float, warmup_steps: int, decay_steps: int) -> float:
     """The learning rate of update `step` (0-based): linear warmup, then cosine decay to min_lr.
@@ -46,13 +49,14 @@ def clip_by_global_norm(
 ) -> tuple[dict[str, np.ndarray], float]:
     """Gradients scaled down together so their global norm is at most `max_norm`.
 
-    Returns the (new) gradient dict and the norm before clipping. If the norm is already within
-    bounds the same arrays come back unchanged; the inputs are never modified.
+    Returns the (new) gradient dict and the norm before clipping. If the norm is within bounds,
+    or not finite (for the caller to stop on), the same arrays come back unchanged; the inputs
+    are never modified.
     """
     if not max_norm > 0:
         raise ValueError(f"max_norm must be positive, got {max_norm}")
     norm = global_norm(grads)
-    if norm > max_norm:
+    if max_norm < norm < math.inf:
         scale = max_norm / (norm + 1e-6)  # as PyTorch's clip_grad_norm_
         grads = {k: g * scale for k, g in grads.items()}
     return grads, norm

@@ -142,9 +142,18 @@ def evaluate(
 
 
 def read_log(path: str | Path) -> list[dict]:
-    """The records of a run's log (one JSON object per line)."""
+    """The records of a run's log (one JSON object per line).
+
+    A line cut short (a run killed mid-write) is skipped.
+    """
+    records = []
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
 
 
 def plot_log(log_path: str | Path, png_path: str | Path) -> None:
@@ -159,10 +168,10 @@ def plot_log(log_path: str | Path, png_path: str | Path) -> None:
     if tr:
         steps, losses = np.array(tr).T
         ax.plot(steps, losses, color="tab:blue", alpha=0.3, lw=0.8, label="training (per step)")
-        k = min(50, len(losses))  # a moving average shows the trend through the batch noise
+        k = min(50, len(losses) // 10)  # a moving average shows the trend through the noise
         if k > 1:
-            smooth = np.convolve(losses, np.ones(k) / k, mode="valid")
-            ax.plot(steps[k - 1:], smooth, color="tab:blue", lw=1.5,
+            smooth = np.convolve(losses, np.ones(k) / k, mode="valid")  # centred on its window
+            ax.plot(steps[k // 2:k // 2 + len(smooth)], smooth, color="tab:blue", lw=1.5,
                     label=f"training ({k}-step mean)")
     if ev:
         steps, losses = np.array(ev).T
@@ -213,14 +222,20 @@ def train(
     same_run = resume is not None and Path(resume).resolve() in (ckpt_path.resolve(),
                                                                  out_dir.resolve())
     if ckpt_path.exists() and not overwrite and not same_run:
-        raise ValueError(f"out_dir '{out_dir}' already holds a run ({CHECKPOINT}): resume it, "
-                         "choose another output directory, or allow overwriting it")
+        raise ValueError(f"out_dir '{out_dir}' already holds a run ({CHECKPOINT}): resume it "
+                         "(--resume), choose another directory (--out), or replace it "
+                         "(--overwrite)")
 
     # ---- data
     text = load_text(tc.text)
     ckpt = load_checkpoint(resume) if resume is not None else None
-    tokenizer, train_ids, val_ids = prepare_data(
-        text, tc.seq_len, CharTokenizer(ckpt.vocab) if ckpt else None)
+    try:
+        tokenizer, train_ids, val_ids = prepare_data(
+            text, tc.seq_len, CharTokenizer(ckpt.vocab) if ckpt else None)
+    except ValueError as e:
+        source = "the shipped text" if tc.text is None else f"text file '{tc.text}'"
+        fit = f" does not fit checkpoint '{resume}'" if ckpt else ""
+        raise ValueError(f"{source}{fit}: {e}") from None
 
     # ---- model and optimizer state
     cfg = tc.model_config(tokenizer.vocab_size)
@@ -259,7 +274,7 @@ def train(
     tokens = tc.batch_size * tc.seq_len  # per step
     step_ms: list[float] = []
     val_loss = train_loss = math.nan
-    last_ckpt = f"{ckpt_path} (step {start})" if ckpt is not None else None
+    last_ckpt = f"{resume} (step {start})" if ckpt is not None else None
     finished = False
     try:
         for step in range(start, tc.steps + 1):
@@ -303,7 +318,8 @@ def train(
 
             # log
             step_ms.append(1000 * dt)
-            record(event="train", step=step, loss=loss, lr=lr, grad_norm=norm, ms=1000 * dt)
+            record(event="train", step=step, loss=round(loss, 6), lr=float(f"{lr:.6g}"),
+                   grad_norm=round(norm, 4), ms=round(1000 * dt, 2))
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens / dt:.0f}",
                             refresh=False)

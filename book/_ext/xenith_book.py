@@ -1,4 +1,4 @@
-"""Sphinx extension for the xenith-edu book: offline MathJax and launch buttons.
+"""Sphinx extension for the xenith-edu book: offline MathJax, launch buttons, chapter titles.
 Loaded from _config.yml (sphinx.local_extensions); needs no network at build time.
 
 Offline MathJax: the book extra installs `django-static-mathjax`, a PyPI package that
@@ -8,16 +8,22 @@ of the built site and `mathjax_path` points there, so every page loads MathJax (
 fonts, menu and accessibility modules) from the site itself, never from a CDN.
 
 Launch buttons: Binder and Colab buttons (and the repository button) are shown only when
-`repository.url` is set in _config.yml; while it is empty they are switched off.
+`repository.url` is set in _config.yml; while it is empty they are switched off. While
+live code (thebe) is off, sphinx-thebe's page scripts are left out.
+
+Chapter titles: a notebook titled "3. RMSNorm" keeps its number in Jupyter, and the book
+shows the table of contents' number alone.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+from docutils import nodes
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.errors import ExtensionError
@@ -91,6 +97,24 @@ def switch_off_thebe(app: Sphinx) -> None:
                 app.disconnect(listener.id)
 
 
+CHAPTER_NUMBER = re.compile(r"^\d+\.\s+")  # "3. RMSNorm": numbered for Jupyter readers
+
+
+def strip_chapter_number(app: Sphinx, doctree: nodes.document) -> None:
+    """Drop a typed "3. " from a chapter notebook's title: the book numbers chapters itself.
+
+    The notebook keeps its number for readers who open it in Jupyter; in the book the table
+    of contents adds the same number, and "3. 3. RMSNorm" would follow otherwise.
+    """
+    if not app.env.docname.startswith("notebooks/"):
+        return
+    for title in doctree.findall(nodes.title):
+        text = title.children[0] if title.children else None
+        if isinstance(text, nodes.Text) and CHAPTER_NUMBER.match(text):
+            title.replace(text, nodes.Text(CHAPTER_NUMBER.sub("", str(text), count=1)))
+        return  # only the first title, the chapter's
+
+
 def on_config_inited(app: Sphinx, config: Config) -> None:
     """Point MathJax at the site's own copy and derive the launch buttons."""
     config.mathjax_path = f"{MATHJAX_STATIC}/{MATHJAX_ENTRY}"  # relative to _static/
@@ -112,4 +136,8 @@ def on_builder_inited(app: Sphinx) -> None:
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("config-inited", on_config_inited, priority=900)
     app.connect("builder-inited", on_builder_inited)
-    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
+    # before Sphinx's title collector (priority 500) records the title for the navigation
+    app.connect("doctree-read", strip_chapter_number, priority=400)
+    # env_version: bump when a change here must re-read every page (as the title rule does)
+    return {"version": "1.0", "env_version": 1, "parallel_read_safe": True,
+            "parallel_write_safe": True}

@@ -1,5 +1,5 @@
 """Draw the forward pass of the xenith-edu model and where each chapter's gradient enters.
-Writes book/figures/model_forward.png next to this script: `python book/figures/make_model_figure.py`.
+Writes model_forward.png next to this script (run: python book/figures/make_model_figure.py).
 
 Shape legend: B batch, S positions, N = B*S, d width, H heads, hd head width,
 f SwiGLU hidden width, V vocabulary, L layers.
@@ -30,19 +30,19 @@ CHAPTER = {
 
 # The forward pass, top to bottom: (label, shape after the step, chapter whose gradient enters).
 STEPS = [
-    ("tokens $x$", "$(B, S)$ int", None),
-    ("embedding gather  $h = W_{te}[x]$", "$(B, S, d)$", 6),
-    ("RMSNorm  $x_b = \\mathrm{rmsnorm}(h, g_{attn})$", "$(B, S, d)$", 3),
-    ("$q, k, v = x_b W_q,\\ x_b W_k,\\ x_b W_v$", "$(B, H, S, hd)$", 7),
-    ("RoPE on $q$ and $k$", "$(B, H, S, hd)$", 5),
-    ("causal attention  $\\mathrm{softmax}(q k^\\top / \\sqrt{hd} + M)\\, v$", "$(B, H, S, hd)$", 4),
-    ("merge heads, $\\cdot\\, W_o$;  $h \\leftarrow h + \\ldots$", "$(B, S, d)$", 7),
-    ("RMSNorm  $x_{2b} = \\mathrm{rmsnorm}(h, g_{ffn})$", "$(B, S, d)$", 3),
-    ("SwiGLU  $(\\mathrm{silu}(x_{2b} W_1) \\odot x_{2b} W_3)\\, W_2$;  $h \\leftarrow h + \\ldots$",
-     "$(B, S, d)$", 2),
-    ("final RMSNorm  $x_f = \\mathrm{rmsnorm}(h, g_{final})$", "$(N, d)$", 3),
-    ("logits $= x_f W_{te}^\\top$  (tied) or $x_f W_{head}^\\top$", "$(N, V)$", 6),
-    ("loss $= $ mean of $-\\log \\mathrm{softmax}(\\mathrm{logits})[y]$", "scalar", 1),
+    (r"tokens $x$", r"$(B, S)$ int", None),
+    (r"embedding gather  $h = W_{te}[x]$", r"$(B, S, d)$", 6),
+    (r"RMSNorm  $x_b = \mathrm{rmsnorm}(h, g_{attn})$", r"$(B, S, d)$", 3),
+    (r"$q, k, v = x_b W_q,\ x_b W_k,\ x_b W_v$", r"$(B, H, S, hd)$", 7),
+    (r"RoPE on $q$ and $k$", r"$(B, H, S, hd)$", 5),
+    (r"causal attention  $\mathrm{softmax}(q k^\top / \sqrt{hd} + M)\, v$", r"$(B, H, S, hd)$", 4),
+    (r"merge heads, $\cdot\, W_o$;  $h \leftarrow h + \ldots$", r"$(B, S, d)$", 7),
+    (r"RMSNorm  $x_{2b} = \mathrm{rmsnorm}(h, g_{ffn})$", r"$(B, S, d)$", 3),
+    (r"SwiGLU  $(\mathrm{silu}(x_{2b} W_1) \odot x_{2b} W_3)\, W_2$;  $h \leftarrow h + \ldots$",
+     r"$(B, S, d)$", 2),
+    (r"final RMSNorm  $x_f = \mathrm{rmsnorm}(h, g_{final})$", r"$(N, d)$", 3),
+    (r"logits $= x_f W_{te}^\top$  (tied) or $x_f W_{head}^\top$", r"$(N, V)$", 6),
+    (r"loss $= $ mean of $-\log \mathrm{softmax}(\mathrm{logits})[y]$", "scalar", 1),
 ]
 LAYER = (2, 8)  # first and last step inside the repeated block
 

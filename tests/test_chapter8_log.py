@@ -1,0 +1,69 @@
+"""The book run shipped in runs/book/ is what the code produces: its first steps, rerun, agree.
+
+Chapter 8 reads its loss curves, final validation loss and samples from runs/book/ (written by
+`xenith-edu train --seed 1337 --out runs/book`). This test reruns the first steps of that
+recipe with the seed the log records and compares them with the log, so a change of the model,
+the optimizer, the data pipeline or the recipe that would make the shipped figures stale fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xenith_edu.train import BOOK, LOG, TrainConfig, read_log, train
+
+RUN = Path(__file__).resolve().parents[1] / "runs" / "book"
+STEPS = 20  # the first updates: a few seconds of the book config
+RTOL = 1e-4  # float32 rounding differences between machines stay far below this in 20 steps
+# the log keeps the loss to 6 decimals and the gradient norm to 4: one unit of the last kept
+# digit may flip on another machine, which the relative tolerance alone would not allow
+ATOL = {"loss": 1e-6, "grad_norm": 1e-4}
+
+
+@pytest.fixture(scope="module")
+def shipped() -> list[dict]:
+    path = RUN / LOG
+    if not path.exists():
+        pytest.fail(f"{path.relative_to(RUN.parents[1])} is missing: chapter 8 reads it; "
+                    "make it with `xenith-edu train --seed 1337 --out runs/book`")
+    return read_log(path)
+
+
+def test_the_shipped_run_is_the_book_recipe(shipped):
+    start = shipped[0]
+    assert start["event"] == "start" and start["step"] == 0 and start["resumed_from"] is None
+    tc = TrainConfig.from_dict(start["config"])
+    assert tc == replace(BOOK, seed=tc.seed), "runs/book was made with other settings"
+    assert tc.seed == 1337, "chapter 8 gives the command with --seed 1337"
+    train_steps = [r["step"] for r in shipped if r["event"] == "train"]
+    assert train_steps == list(range(tc.steps)), "the log does not hold every step once"
+    evals = [r for r in shipped if r["event"] == "eval"]
+    assert evals[-1]["step"] == tc.steps and "train_loss" in evals[-1]
+
+
+def test_first_steps_rerun_match_the_shipped_log(shipped, tmp_path):
+    tc = TrainConfig.from_dict(shipped[0]["config"])
+    # Same seed and schedule; only the number of steps and the size of the (separately seeded)
+    # evaluation change, and neither touches the training batches, the weights or the lr.
+    short = replace(tc, steps=STEPS, eval_batches=1)
+    train(short, tmp_path / "rerun", progress=False, verbose=False)
+    rerun = [r for r in read_log(tmp_path / "rerun" / LOG) if r["event"] == "train"]
+    logged = [r for r in shipped if r["event"] == "train"][:STEPS]
+    assert [r["step"] for r in rerun] == [r["step"] for r in logged] == list(range(STEPS))
+    for key in ("loss", "grad_norm"):
+        got = np.array([r[key] for r in rerun])
+        want = np.array([r[key] for r in logged])
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL[key],
+                                   err_msg=f"{key} of the first {STEPS} steps differs from "
+                                   "runs/book/log.jsonl: rerun the book recipe and chapter 8")
+    # the learning rate is computed, not measured: it must match to the last digit logged
+    assert [r["lr"] for r in rerun] == [r["lr"] for r in logged]
+    # and the rerun's start record differs from the shipped one only where we changed it
+    config = read_log(tmp_path / "rerun" / LOG)[0]["config"]
+    assert config == asdict(short)
+    assert {k for k in config if config[k] != shipped[0]["config"][k]} <= {"steps",
+                                                                         "eval_batches"}

@@ -1,0 +1,249 @@
+"""Tests of the command line: train, sample, gradcheck, student, grade, and bad input.
+
+Bad input (issue item 7): one line on stderr, a non-zero exit, no traceback, no file touched.
+"""
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import xenith_edu
+from xenith_edu.checkpoint import load_checkpoint
+from xenith_edu.cli import main
+
+QUICK = ["--preset", "small", "--no-progress", "--sample-chars", "0"]
+
+
+def run(argv, capsys):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def snapshot(root: Path) -> dict:
+    """Every file under root and its bytes: a failed command must leave this unchanged."""
+    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A trained small checkpoint (2 steps) and a collection of bad inputs."""
+    w = tmp_path_factory.mktemp("world")
+    assert main(["train", *QUICK, "--steps", "2", "--eval-every", "2", "--out",
+                 str(w / "run")]) == 0
+    (w / "empty.txt").write_bytes(b"")
+    (w / "latin1.txt").write_bytes("Ô Roméo, Roméo!\n".encode("latin-1") * 100)
+    (w / "short.txt").write_text("To be, or not to be.\n" * 10, encoding="utf-8")
+    (w / "snowman.txt").write_text("I am a snowman: ☃\n" * 200, encoding="utf-8")
+    (w / "trunc").mkdir()
+    data = (w / "run" / "ckpt.npz").read_bytes()
+    (w / "trunc" / "ckpt.npz").write_bytes(data[:len(data) // 2])
+    return w
+
+
+BAD = {
+    "missing text": (["train", *QUICK, "--text", "{w}/missing.txt", "--out", "{w}/new"],
+                     "does not exist"),
+    "empty text": (["train", *QUICK, "--text", "{w}/empty.txt", "--out", "{w}/new"], "is empty"),
+    "non-UTF-8 text": (["train", *QUICK, "--text", "{w}/latin1.txt", "--out", "{w}/new"],
+                       "not UTF-8"),
+    "too-short text": (["train", *QUICK, "--text", "{w}/short.txt", "--out", "{w}/new"],
+                       "too short"),
+    "steps 0": (["train", *QUICK, "--steps", "0", "--out", "{w}/new"],
+                "--steps: must be a positive integer"),
+    "checkpoint from another config": (["train", "--resume", "{w}/run/ckpt.npz", "--preset",
+                                        "book", "--steps", "9"], "another model config"),
+    "truncated checkpoint (train)": (["train", "--resume", "{w}/trunc/ckpt.npz", "--steps", "9"],
+                                     "truncated"),
+    "truncated checkpoint (sample)": (["sample", "{w}/trunc/ckpt.npz"], "truncated"),
+    "missing checkpoint": (["sample", "{w}/nothing.npz"], "does not exist"),
+    "prompt outside the vocabulary": (["sample", "{w}/run", "--prompt", "Ô ☃"],
+                                      "outside the vocabulary: 'Ô', '☃'"),
+    "temperature 0": (["sample", "{w}/run", "--temperature", "0"], "--temperature"),
+    "existing run": (["train", *QUICK, "--steps", "2", "--out", "{w}/run"],
+                     "already holds a run"),
+    "resume without more steps": (["train", "--resume", "{w}/run", "--steps", "2"],
+                                  "--steps greater than 2"),
+    "resume on text outside the vocabulary": (["train", "--resume", "{w}/run", "--steps", "4",
+                                               "--text", "{w}/snowman.txt"], "'☃'"),
+    "resume with another seed": (["train", "--resume", "{w}/run", "--steps", "4", "--seed", "1"],
+                                 "drop --seed"),
+    "unknown preset": (["train", "--preset", "huge"], "invalid choice"),
+    "student: missing source": (["student", "{w}/nope", "--out", "{w}/new"], "does not exist"),
+    "grade: missing directory": (["grade", "{w}/nope", "--out", "{w}/grades.csv"],
+                                 "is not a folder"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_one_line_nonzero_no_traceback_no_file_touched(case, world, capsys):
+    argv, expect = BAD[case]
+    argv = [a.format(w=world) for a in argv]
+    before = snapshot(world)
+    rc, out, err = run(argv, capsys)
+    assert rc != 0
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("xenith-edu") and "error:" in lines[0]
+    assert expect in lines[0]
+    assert "Traceback" not in err + out
+    assert snapshot(world) == before  # nothing destroyed, changed or created
+    assert not (world / "new").exists()
+
+
+def test_train_then_sample(world, capsys):
+    rc, out, err = run(["sample", world / "run", "--prompt", "ROMEO:", "--chars", "40",
+                        "--seed", "3"], capsys)
+    assert rc == 0 and err == ""
+    text = out[:-1]  # print adds a newline
+    assert text.startswith("ROMEO:") and len(text) == len("ROMEO:") + 40
+    rc, again, _ = run(["sample", world / "run" / "ckpt.npz", "--prompt", "ROMEO:", "--chars",
+                        "40", "--seed", "3"], capsys)
+    assert again == out  # same seed, same text
+    rc, other, _ = run(["sample", world / "run", "--prompt", "ROMEO:", "--chars", "40",
+                        "--seed", "4", "--top-k", "5", "--temperature", "1.5"], capsys)
+    assert rc == 0 and other != out
+
+
+def test_train_prints_summary_and_sample(tmp_path, capsys):
+    rc, out, err = run(["train", "--preset", "small", "--no-progress", "--steps", "1",
+                        "--sample-chars", "30", "--out", tmp_path], capsys)
+    assert rc == 0
+    assert "final validation loss" in out and "ms per step" in out and "sample:" in out
+    assert (tmp_path / "ckpt.npz").is_file() and (tmp_path / "loss.png").is_file()
+
+
+def test_cli_resume_is_exact(tmp_path, capsys):
+    common = ["train", *QUICK, "--eval-every", "2"]
+    assert run([*common, "--steps", "4", "--out", tmp_path / "split"], capsys)[0] == 0
+    assert run(["train", "--resume", tmp_path / "split", "--steps", "8", "--no-progress",
+                "--sample-chars", "0"], capsys)[0] == 0
+    assert run([*common, "--steps", "8", "--out", tmp_path / "one"], capsys)[0] == 0
+    a, b = load_checkpoint(tmp_path / "one"), load_checkpoint(tmp_path / "split")
+    assert a.step == b.step == 8
+    for k in a.params:
+        np.testing.assert_array_equal(a.params[k], b.params[k])
+
+
+def test_train_on_another_text(tmp_path, capsys):
+    text = tmp_path / "tale.txt"
+    text.write_text("Once upon a time there was a small model that learned to write.\n" * 40,
+                    encoding="utf-8")
+    rc, out, err = run(["train", *QUICK, "--steps", "2", "--text", text, "--out",
+                        tmp_path / "run"], capsys)
+    assert rc == 0, err
+    ck = load_checkpoint(tmp_path / "run")
+    assert ck.vocab == "".join(sorted(set(text.read_text(encoding="utf-8"))))
+    assert ck.train["text"] == str(text.resolve())
+    # one line, no newline in the vocabulary: the sample starts from its first character
+    line = tmp_path / "line.txt"
+    line.write_text("abcdefgh" * 60, encoding="utf-8")
+    rc, out, err = run(["train", "--preset", "small", "--no-progress", "--steps", "1",
+                        "--sample-chars", "5", "--text", line, "--out", tmp_path / "line"], capsys)
+    assert rc == 0, err
+    assert out.splitlines()[-1][0] == "a" and len(out.splitlines()[-1]) == 6
+
+
+def test_gradcheck_table_passes(capsys):
+    rc, out, err = run(["gradcheck"], capsys)
+    assert rc == 0, out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:13]}
+    assert set(rows) == {"wte", "rms_attn", "wq", "wk", "wv", "wo", "rms_ffn", "w1", "w3", "w2",
+                         "rms_final"}
+    assert all(r[-1] == "yes" and float(r[1]) < 1e-6 for r in rows.values())
+    rc, out, _ = run(["gradcheck", "--untied", "--coords", "3"], capsys)
+    assert rc == 0 and "lm_head" in out
+
+
+def test_gradcheck_table_catches_a_wrong_gradient(capsys, monkeypatch):
+    import xenith_edu.model as model
+    real = model.loss_and_grads
+
+    def off_by_one_percent(params, cfg, x, y):
+        loss, grads = real(params, cfg, x, y)
+        grads["w2"] = grads["w2"] * 1.01
+        return loss, grads
+
+    monkeypatch.setattr(model, "loss_and_grads", off_by_one_percent)
+    rc, out, _ = run(["gradcheck", "--coords", "2"], capsys)
+    assert rc == 1
+    assert [line.split()[-1] for line in out.splitlines() if line.startswith("w2 ")] == ["NO"]
+    assert "1 of 11 parameters fail" in out
+
+
+@pytest.mark.parametrize("command,options", [
+    (None, ["train", "sample", "gradcheck", "student", "grade"]),
+    ("train", ["--preset", "--text", "--steps", "--decay-steps", "--eval-every", "--seed",
+               "--out", "--resume", "--overwrite", "--sample-chars", "--no-progress"]),
+    ("sample", ["CKPT", "--prompt", "--chars", "--temperature", "--top-k", "--seed"]),
+    ("gradcheck", ["--coords", "--seed", "--untied"]),
+    ("student", ["SRC", "--out"]),
+    ("grade", ["DIR", "--out", "--timeout"]),
+])
+def test_help_explains_every_option(command, options, capsys):
+    rc, out, _ = run([command, "--help"] if command else ["--help"], capsys)
+    assert rc == 0
+    for option in options:
+        assert option in out
+
+
+def _fake_classroom(monkeypatch, calls, error=None):
+    def make_student_versions(src, out):
+        calls.append(("student", src, out))
+        if error:
+            raise ValueError(error)
+        return [out / "01.ipynb"]
+
+    def grade(submissions_dir, out_csv, timeout):
+        calls.append(("grade", submissions_dir, out_csv, timeout))
+        if error:
+            raise ValueError(error)
+
+        return [{"status": "passed"}, {"status": "failed"}]
+
+    fake = types.ModuleType("xenith_edu.classroom")
+    fake.make_student_versions, fake.grade = make_student_versions, grade
+    monkeypatch.setitem(sys.modules, "xenith_edu.classroom", fake)
+    monkeypatch.setattr(xenith_edu, "classroom", fake, raising=False)
+
+
+def test_student_and_grade_call_the_classroom(monkeypatch, capsys):
+    calls = []
+    _fake_classroom(monkeypatch, calls)
+    rc, out, _ = run(["student", "notebooks", "--out", "students"], capsys)
+    assert rc == 0 and out == "wrote 1 student notebook(s) into students\n"
+    rc, out, _ = run(["grade", "subs", "--out", "grades.csv", "--timeout", "30"], capsys)
+    assert rc == 0 and out == "wrote 2 grade row(s), 1 passed, to grades.csv\n"
+    assert run(["grade", "subs", "--out", "grades.csv"], capsys)[0] == 0
+    assert calls == [("student", Path("notebooks"), Path("students")),
+                     ("grade", Path("subs"), Path("grades.csv"), 30.0),
+                     ("grade", Path("subs"), Path("grades.csv"), None)]
+
+
+def test_classroom_errors_become_one_line(monkeypatch, capsys):
+    _fake_classroom(monkeypatch, [], error="src 'x' is not a notebook:\npass an .ipynb file")
+    for argv in (["student", "x", "--out", "y"], ["grade", "x", "--out", "g.csv"]):
+        rc, out, err = run(argv, capsys)
+        assert rc == 1
+        assert err == f"xenith-edu {argv[0]}: error: src 'x' is not a notebook: pass an .ipynb " \
+                      "file\n"
+
+
+def test_python_dash_m_entry_point(tmp_path):
+    def py(*args):
+        return subprocess.run([sys.executable, "-m", "xenith_edu", *args], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=120)
+
+    r = py("--help")
+    assert r.returncode == 0 and "gradcheck" in r.stdout
+    r = py("train", "--steps", "0")
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr
+    r = py("sample", "missing.npz")
+    assert r.returncode == 1 and r.stderr.splitlines() == [
+        "xenith-edu sample: error: checkpoint 'missing.npz' does not exist: pass the ckpt.npz "
+        "file that `xenith-edu train` wrote (or its directory)"]
+    assert list(tmp_path.iterdir()) == []
