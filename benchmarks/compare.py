@@ -27,6 +27,8 @@ def main() -> None:
     parser.add_argument("--torch-python", required=True, help="a Python with torch installed")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")
+    parser.add_argument("--whole", action="store_true",
+                        help="time whole training steps: with clipping and AdamW")
     args = parser.parse_args()
 
     commands = {
@@ -36,6 +38,9 @@ def main() -> None:
     if args.compile:
         commands["torch-compile"] = [args.torch_python, str(HERE / "torch_step.py"),
                                      "--json", "--compile"]
+    if args.whole:
+        for cmd in commands.values():
+            cmd.append("--whole")
     results: dict[str, list[dict]] = {k: [] for k in commands}
     for r in range(args.rounds):
         for name, cmd in commands.items():

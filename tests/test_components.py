@@ -12,6 +12,7 @@ import pytest
 from xenith_edu.attention import causal_attention_backward, causal_attention_forward
 from xenith_edu.embedding import embedding_backward, embedding_forward
 from xenith_edu.gradcheck import check_gradient
+from xenith_edu.linear import linear_backward, linear_forward
 from xenith_edu.rmsnorm import rmsnorm_backward, rmsnorm_forward
 from xenith_edu.rope import rope_backward, rope_forward, rope_tables
 from xenith_edu.softmax_ce import per_token_loss, softmax_cross_entropy
@@ -22,6 +23,21 @@ TOL = 1e-7
 
 def assert_passes(result):
     assert result.passed, str(result)
+
+
+# -- the linear layer ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lead", [(5,), (2, 3), (1,)])
+def test_linear_gradients(rng, lead):
+    x, w = rng.standard_normal((*lead, 4)), rng.standard_normal((4, 3))
+    G = rng.standard_normal((*lead, 3))
+    y, cache = linear_forward(x, w)
+    np.testing.assert_allclose(y, x @ w, rtol=1e-12)
+    dx, dw = linear_backward(G, cache)
+    assert_passes(check_gradient(lambda z: float(np.sum(linear_forward(z, w)[0] * G)), x, dx,
+                                 name="x", tol=TOL))
+    assert_passes(check_gradient(lambda z: float(np.sum(linear_forward(x, z)[0] * G)), w, dw,
+                                 name="w", tol=TOL))
 
 
 # -- softmax cross-entropy ---------------------------------------------------------------
@@ -243,6 +259,8 @@ def _calls(rng, dtype):
         ("rope_backward", rope_backward, (q, cos, sin)),
         ("embedding_forward", embedding_forward, (r(6, 8), tok)),
         ("embedding_backward", embedding_backward, (tok, x, 6)),
+        ("linear_forward", linear_forward, (x, r(8, 5))),
+        ("linear_backward", linear_backward, (r(3, 4, 5), (x, r(8, 5)))),
     ]
 
 

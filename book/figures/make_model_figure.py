@@ -32,15 +32,15 @@ CHAPTER = {
 STEPS = [
     (r"tokens $x$", r"$(B, S)$ int", None),
     (r"embedding gather  $h = W_{te}[x]$", r"$(B, S, d)$", 6),
-    (r"RMSNorm  $x_b = \mathrm{rmsnorm}(h, g_{attn})$", r"$(B, S, d)$", 3),
+    (r"RMSNorm  $x_b = \mathrm{rmsnorm}(h, w_{attn})$", r"$(B, S, d)$", 3),
     (r"$q, k, v = x_b W_q,\ x_b W_k,\ x_b W_v$", r"$(B, H, S, hd)$", 7),
     (r"RoPE on $q$ and $k$", r"$(B, H, S, hd)$", 5),
     (r"causal attention  $\mathrm{softmax}(q k^\top / \sqrt{hd} + M)\, v$", r"$(B, H, S, hd)$", 4),
     (r"merge heads, $\cdot\, W_o$;  $h \leftarrow h + \ldots$", r"$(B, S, d)$", 7),
-    (r"RMSNorm  $x_{2b} = \mathrm{rmsnorm}(h, g_{ffn})$", r"$(B, S, d)$", 3),
+    (r"RMSNorm  $x_{2b} = \mathrm{rmsnorm}(h, w_{ffn})$", r"$(B, S, d)$", 3),
     (r"SwiGLU  $(\mathrm{silu}(x_{2b} W_1) \odot x_{2b} W_3)\, W_2$;  $h \leftarrow h + \ldots$",
      r"$(B, S, d)$", 2),
-    (r"final RMSNorm  $x_f = \mathrm{rmsnorm}(h, g_{final})$", r"$(N, d)$", 3),
+    (r"final RMSNorm  $x_f = \mathrm{rmsnorm}(h, w_{final})$", r"$(N, d)$", 3),
     (r"logits $= x_f W_{te}^\top$  (tied) or $x_f W_{head}^\top$", r"$(N, V)$", 6),
     (r"loss $= $ mean of $-\log \mathrm{softmax}(\mathrm{logits})[y]$", "scalar", 1),
 ]
