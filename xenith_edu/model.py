@@ -174,21 +174,21 @@ def forward(params: dict, cfg: Config, x: np.ndarray) -> tuple[np.ndarray, dict]
         xb, rms1 = rmsnorm_forward(h, params["rms_attn"][l], eps)  # (N, d)
         # q, k, v = xb @ wq, xb @ wk, xb @ wv, as one product with [wq | wk | wv]
         wqkv = np.concatenate((params["wq"][l], params["wk"][l], params["wv"][l]), axis=1)
-        qkv, qkv_lin = linear_forward(xb, wqkv)  # (N, 3d)
+        qkv, _ = linear_forward(xb, wqkv)  # (N, 3d); its cache is (xb, wqkv), kept below
         qkv = _split_heads(qkv, B, S, 3 * H)  # (B, 3H, S, hd): heads of q, then k, v
         qk = rope_forward(qkv[:, : 2 * H], cos, sin)  # (B, 2H, S, hd) rope(q), rope(k)
         q, k, v = qk[:, :H], qk[:, H:], qkv[:, 2 * H :]  # (B, H, S, hd) each
         a, att = causal_attention_forward(q, k, v)  # (B, H, S, hd)
         am = _merge_heads(a)  # (N, d)
-        attn_out, wo_lin = linear_forward(am, params["wo"][l])  # (N, d)
+        attn_out, _ = linear_forward(am, params["wo"][l])  # (N, d); its cache is (am, wo)
         h = h + attn_out
         # feed-forward block: h = h + swiglu(rmsnorm(h))
         x2b, rms2 = rmsnorm_forward(h, params["rms_ffn"][l], eps)  # (N, d)
         ffn_out, ffn = swiglu_forward(x2b, params["w1"][l], params["w3"][l], params["w2"][l])
         h = h + ffn_out
-        # per layer, backward needs: the two norms' caches, the q, k, v product's (xb, wqkv),
-        # the attention cache (q, k, v after RoPE, att), wo's (am, wo), the SwiGLU cache.
-        layers.append({"rms1": rms1, "qkv": qkv_lin, "att": att, "wo": wo_lin,
+        # per layer, backward needs: the two norms' caches, xb and wqkv (the q, k, v product),
+        # the attention cache (q, k, v after RoPE, att), am (input of wo), the SwiGLU cache.
+        layers.append({"rms1": rms1, "xb": xb, "wqkv": wqkv, "att": att, "am": am,
                        "rms2": rms2, "ffn": ffn})
     xf, rmsf = rmsnorm_forward(h, params["rms_final"], eps)  # (N, d)
     w_out = params["wte"] if cfg.tie_embeddings else params["lm_head"]  # (V, d)
@@ -232,7 +232,7 @@ def backward(params: dict, cfg: Config, cache: dict, y: np.ndarray) -> tuple[flo
         dxn, grads["rms_ffn"][l] = rmsnorm_backward(dx2b, c["rms2"])
         dh = dh + dxn
         # h = h + am @ wo[l]
-        dam, grads["wo"][l] = linear_backward(dh, c["wo"])  # (N, d), (d, d)
+        dam, grads["wo"][l] = linear_backward(dh, (c["am"], params["wo"][l]))  # (N, d), (d, d)
         da = _split_heads(dam, B, S, H)  # (B, H, S, hd)
         # a = attention(q, k, v)
         dq, dk, dv = causal_attention_backward(da, c["att"])  # (B, H, S, hd) each
@@ -242,7 +242,7 @@ def backward(params: dict, cfg: Config, cache: dict, y: np.ndarray) -> tuple[flo
         dqkv[:, : 2 * H] = rope_backward(dqkv[:, : 2 * H], cos, sin)
         dqkv = _merge_heads(dqkv)  # (N, 3d) = [dq | dk | dv]
         # qkv = xb @ [wq | wk | wv]: xb fans out to q, k and v, so its gradient sums the three.
-        dxb, dwqkv = linear_backward(dqkv, c["qkv"])  # (N, d), (d, 3d)
+        dxb, dwqkv = linear_backward(dqkv, (c["xb"], c["wqkv"]))  # (N, d), (d, 3d)
         grads["wq"][l], grads["wk"][l], grads["wv"][l] = np.split(dwqkv, 3, axis=1)
         # xb = rmsnorm(h, rms_attn[l])
         dxn, grads["rms_attn"][l] = rmsnorm_backward(dxb, c["rms1"])
