@@ -22,34 +22,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _positive_int(s: str) -> int:
-    try:
-        n = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{s}'") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (1 or more), got {n}")
-    return n
+def _number(convert: type, least: float, strict: bool, what: str):
+    """An argparse type: `convert` the text and require it above (or at) `least`."""
+
+    def parse(s: str):
+        try:
+            n = convert(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got '{s}'") from None
+        if not (least < n < float("inf") if strict else least <= n):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {s}")
+        return n
+
+    return parse
 
 
-def _nonneg_int(s: str) -> int:
-    try:
-        n = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got '{s}'") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {n}")
-    return n
-
-
-def _positive_float(s: str) -> float:
-    try:
-        x = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got '{s}'") from None
-    if not 0 < x < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {s}")
-    return x
+_positive_int = _number(int, 0, True, "a positive integer (1 or more)")
+_nonneg_int = _number(int, 0, False, "an integer >= 0")
+_positive_float = _number(float, 0.0, True, "a positive number")
 
 
 def build_parser() -> argparse.ArgumentParser:
