@@ -1,0 +1,71 @@
+"""The chapter registry: one row per chapter of the book, keyed by its slug.
+Numbers are never typed: a chapter's number is its place in this table, which `_toc.yml` follows.
+
+Everything that names a chapter (docstrings, exercise tables, the book's generated tables, the
+tests) reads it from here. Adding a chapter is one row here, one line in `_toc.yml`, the notebook,
+and (if it has any) its module and its exercise module: see CONTRIBUTING.md.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Chapter(NamedTuple):
+    """One chapter: its slug, title, notebook, the package modules it derives, its exercises."""
+
+    slug: str  # the key: also the notebook's file name and the exercise module's name
+    title: str  # as the book shows it, without a number
+    modules: tuple[str, ...]  # the xenith_edu modules whose functions the chapter derives
+    numbered: bool = True  # False for the chapter of rules that comes before chapter 1
+
+    @property
+    def notebook(self) -> str:
+        """The notebook's path from the repository root, without .ipynb, as `_toc.yml` names it."""
+        return f"notebooks/{self.slug}"
+
+    @property
+    def exercises(self) -> str:
+        """The module that holds this chapter's exercise checks."""
+        return f"xenith_edu.exercises.{self.slug}"
+
+
+# The book's order, which is the order the gradient flows backward through the model.
+CHAPTERS: tuple[Chapter, ...] = (
+    Chapter("softmax_ce", "Softmax cross-entropy", ("softmax_ce",)),
+    Chapter("swiglu", "SwiGLU", ("swiglu",)),
+    Chapter("rmsnorm", "RMSNorm", ("rmsnorm",)),
+    Chapter("attention", "Causal attention", ("attention",)),
+    Chapter("rope", "RoPE", ("rope",)),
+    Chapter("embedding", "Embedding scatter-add", ("embedding",)),
+    Chapter("backward", "The whole backward pass", ("model", "linear", "gradcheck")),
+    Chapter("training", "Training the model", ("data", "optim", "train", "sample")),
+)
+
+_BY_SLUG = {c.slug: c for c in CHAPTERS}
+
+
+def chapter(slug: str) -> Chapter:
+    """The registry row of chapter `slug`; ValueError naming the known slugs otherwise."""
+    try:
+        return _BY_SLUG[slug]
+    except (KeyError, TypeError):
+        raise ValueError(f"no chapter {slug!r}; the chapters are {sorted(_BY_SLUG)}") from None
+
+
+def number(slug: str) -> int:
+    """The chapter's number in the book: 0 for an unnumbered chapter, else its place from 1."""
+    c = chapter(slug)
+    if not c.numbered:
+        return 0
+    return 1 + [x.slug for x in CHAPTERS if x.numbered].index(slug)
+
+
+def label(slug: str) -> str:
+    """How prose names a chapter: "the RMSNorm chapter" (a title, never a number)."""
+    return f'the "{chapter(slug).title}" chapter'
+
+
+def numbered_title(slug: str) -> str:
+    """"3. RMSNorm": the number and title, as the notebook's first heading shows them."""
+    return f"{number(slug)}. {chapter(slug).title}"
