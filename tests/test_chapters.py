@@ -48,7 +48,7 @@ def test_chapter_opens_with_its_registered_title(c: chapters.Chapter) -> None:
     nb = json.loads((ROOT / f"{c.notebook}.ipynb").read_text(encoding="utf-8"))
     first = "".join(nb["cells"][0]["source"]).splitlines()[0]
     assert first == f"# {c.title}", (
-        f"{c.notebook}: first heading {first!r}, the registry says {c.title!r} (the book numbers it)")
+        f"{c.notebook}: first heading {first!r}, the registry says {c.title!r}")
 
 
 @pytest.mark.parametrize("c", chapters.CHAPTERS, ids=lambda c: c.slug)

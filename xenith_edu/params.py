@@ -70,7 +70,7 @@ def init_params(cfg: Config, seed: int = 0, dtype: type = np.float32) -> dict[st
 
 def random_params(cfg: Config, rng: np.random.Generator, scale: float = 0.4,
                   gain_spread: float = 0.3, dtype: type = np.float64) -> dict[str, np.ndarray]:
-    """Non-degenerate parameters for gradient checks: weights N(0, scale**2), gains 1 + spread*N(0, 1).
+    """Non-degenerate parameters for gradient checks: weights N(0, scale²), gains 1 + spread·N(0,1).
 
     Init-scale weights (0.02) make every layer nearly linear and every gain exactly one, so a
     wrong gradient can hide; these make every term of the backward pass matter.
