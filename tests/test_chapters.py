@@ -58,6 +58,10 @@ def test_registered_modules_and_exercises_import(c: chapters.Chapter) -> None:
     importlib.import_module(c.exercises)
 
 
+def test_every_chapter_says_what_it_derives() -> None:
+    assert [c.slug for c in chapters.CHAPTERS if not c.summary.strip()] == []
+
+
 def test_numbers_come_from_the_order() -> None:
     numbered = [c.slug for c in chapters.CHAPTERS if c.numbered]
     assert [chapters.number(s) for s in numbered] == list(range(1, len(numbered) + 1))

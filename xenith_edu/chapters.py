@@ -17,7 +17,8 @@ class Chapter(NamedTuple):
     slug: str  # the key: also the notebook's file name and the exercise module's name
     title: str  # as the book shows it, without a number
     modules: tuple[str, ...]  # the xenith_edu modules whose functions the chapter derives
-    numbered: bool = True  # False for the chapter of rules that comes before chapter 1
+    summary: str = ""  # what the reader derives, for the book's generated tables (required)
+    numbered: bool = True  # False for the chapter of rules that comes before the first one
 
     @property
     def notebook(self) -> str:
@@ -32,14 +33,22 @@ class Chapter(NamedTuple):
 
 # The book's order, which is the order the gradient flows backward through the model.
 CHAPTERS: tuple[Chapter, ...] = (
-    Chapter("softmax_ce", "Softmax cross-entropy", ("softmax_ce",)),
-    Chapter("swiglu", "SwiGLU", ("swiglu",)),
-    Chapter("rmsnorm", "RMSNorm", ("rmsnorm",)),
-    Chapter("attention", "Causal attention", ("attention",)),
-    Chapter("rope", "RoPE", ("rope",)),
-    Chapter("embedding", "Embedding scatter-add", ("embedding",)),
-    Chapter("backward", "The whole backward pass", ("model", "linear", "gradcheck")),
-    Chapter("training", "Training the model", ("data", "optim", "train", "sample")),
+    Chapter("softmax_ce", "Softmax cross-entropy", ("softmax_ce",),
+            "the gradient of the mean cross-entropy with respect to the logits"),
+    Chapter("swiglu", "SwiGLU", ("swiglu",),
+            "the gradients through a gated SiLU and three matrix products"),
+    Chapter("rmsnorm", "RMSNorm", ("rmsnorm",),
+            "the gradient of a root-mean-square normalization and of its gain"),
+    Chapter("attention", "Causal attention", ("attention",),
+            "the gradients of queries, keys and values through a masked softmax"),
+    Chapter("rope", "RoPE", ("rope",),
+            "the backward of a rotation: the rotation by the opposite angle"),
+    Chapter("embedding", "Embedding scatter-add", ("embedding",),
+            "a scatter-add of rows, and the tied embedding's two gradients"),
+    Chapter("backward", "The whole backward pass", ("model", "linear", "gradcheck"),
+            "the backward pass of the complete model, layer by layer"),
+    Chapter("training", "Training the model", ("data", "optim", "train", "sample"),
+            "AdamW, the learning-rate schedule and the training loop"),
 )
 
 _BY_SLUG = {c.slug: c for c in CHAPTERS}

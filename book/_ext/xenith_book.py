@@ -1,4 +1,4 @@
-"""Sphinx extension for the xenith-edu book: offline MathJax, launch buttons, chapter titles.
+"""Sphinx extension for the xenith-edu book: offline MathJax, launch buttons, chapter tables.
 Loaded from _config.yml (sphinx.local_extensions); needs no network at build time.
 
 Offline MathJax: the book extra installs `django-static-mathjax`, a PyPI package that
@@ -11,23 +11,27 @@ Launch buttons: Binder and Colab buttons (and the repository button) are shown o
 `repository.url` is set in _config.yml; while it is empty they are switched off. While
 live code (thebe) is off, sphinx-thebe's page scripts are left out.
 
-Chapter titles: a notebook titled "3. RMSNorm" keeps its number in Jupyter, and the book
-shows the table of contents' number alone.
+Chapter tables: the directive `chapter-table` writes a table from the chapter registry
+(`xenith_edu.chapters`), so no page types a chapter's number or list: `:columns: derive` gives
+each chapter and what it derives (the introduction), `:columns: exercises` each chapter's
+exercise checks and what the learner writes (the teaching page).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from docutils import nodes
+from docutils.parsers.rst import directives
+from docutils.statemachine import StringList
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.errors import ExtensionError
 from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
 
 logger = logging.getLogger(__name__)
 
@@ -97,22 +101,52 @@ def switch_off_thebe(app: Sphinx) -> None:
                 app.disconnect(listener.id)
 
 
-CHAPTER_NUMBER = re.compile(r"^\d+\.\s+")  # "3. RMSNorm": numbered for Jupyter readers
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
 
 
-def strip_chapter_number(app: Sphinx, doctree: nodes.document) -> None:
-    """Drop a typed "3. " from a chapter notebook's title: the book numbers chapters itself.
+def chapter_rows(columns: str) -> list[str]:
+    """The Markdown rows of the registry's table: "derive" or "exercises" columns."""
+    import importlib
 
-    The notebook keeps its number for readers who open it in Jupyter; in the book the table
-    of contents adds the same number, and "3. 3. RMSNorm" would follow otherwise.
-    """
-    if not app.env.docname.startswith("notebooks/"):
-        return
-    for title in doctree.findall(nodes.title):
-        text = title.children[0] if title.children else None
-        if isinstance(text, nodes.Text) and CHAPTER_NUMBER.match(text):
-            title.replace(text, nodes.Text(CHAPTER_NUMBER.sub("", str(text), count=1)))
-        return  # only the first title, the chapter's
+    from xenith_edu import chapters
+
+    def number(c: Any) -> str:
+        return str(chapters.number(c.slug)) if c.numbered else ""
+
+    if columns == "derive":
+        rows = ["| | chapter | what you derive |", "| --- | --- | --- |"]
+        for c in chapters.CHAPTERS:
+            rows.append(f"| {number(c)} | {{doc}}`/{c.notebook}` | {_cell(c.summary)} |")
+        return rows
+    rows = ["| | chapter | the learner writes | check |", "| --- | --- | --- | --- |"]
+    for c in chapters.CHAPTERS:
+        module = importlib.import_module(c.exercises)
+        names = getattr(module, "__all__", None) or sorted(
+            n for n in vars(module) if n.startswith("check_"))
+        first = True
+        for name in (n for n in names if n.startswith("check_")):
+            doc = (getattr(module, name).__doc__ or "").strip().split("\n\n")[0]
+            lead = f"{number(c)} | {{doc}}`/{c.notebook}`" if first else " | "
+            rows.append(f"| {lead} | {_cell(doc)} | `{name}` |")
+            first = False
+    return rows
+
+
+class ChapterTable(SphinxDirective):
+    """`chapter-table`: the registry's chapters as a table (see `chapter_rows`)."""
+
+    option_spec = {"columns": lambda arg: directives.choice(arg, ("derive", "exercises"))}
+
+    def run(self) -> list[nodes.Node]:
+        from xenith_edu import chapters
+
+        self.env.note_dependency(chapters.__file__)
+        rows = chapter_rows(self.options.get("columns", "derive"))
+        container = nodes.container()
+        source = self.get_source_info()[0]
+        self.state.nested_parse(StringList(rows, source=source), self.content_offset, container)
+        return container.children
 
 
 def on_config_inited(app: Sphinx, config: Config) -> None:
@@ -136,8 +170,7 @@ def on_builder_inited(app: Sphinx) -> None:
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("config-inited", on_config_inited, priority=900)
     app.connect("builder-inited", on_builder_inited)
-    # before Sphinx's title collector (priority 500) records the title for the navigation
-    app.connect("doctree-read", strip_chapter_number, priority=400)
+    app.add_directive("chapter-table", ChapterTable)
     # env_version: bump when a change here must re-read every page (as the title rule does)
-    return {"version": "1.0", "env_version": 1, "parallel_read_safe": True,
+    return {"version": "1.0", "env_version": 2, "parallel_read_safe": True,
             "parallel_write_safe": True}
