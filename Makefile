@@ -5,12 +5,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test lint notebooks bench clean
+.PHONY: book test lint notebooks bench mutants lab clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --upgrade pip
-	$(BIN)/python -m pip install -qq -e ".[book,test]"
+	$(BIN)/python -m pip install -qq -e ".[book,test,torch,mpi]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
@@ -29,6 +29,29 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/step.py
+
+## mutants: mutation testing with mutmut, not part of `test` (README, "Mutation testing").
+## MODULES="gradcheck data" measures those afresh; MUTANTS_BUDGET is in seconds.
+MUTANTS_BUDGET ?= 1800
+MODULES ?=
+$(VENV)/.mutmut: pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install -qq -e ".[dev]"
+	touch $@
+
+mutants: $(VENV)/.mutmut
+	$(BIN)/python tests/mutants.py --budget $(MUTANTS_BUDGET) $(MODULES)
+
+## lab: JupyterLab on the student notebooks (solutions replaced by stubs) in student/.
+## Copies already there are the learner's work and are kept; missing chapters are added.
+$(VENV)/.lab: pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install -qq -e ".[lab]"
+	touch $@
+
+lab: $(VENV)/.lab
+	rm -rf _build/student && $(BIN)/xenith-edu student notebooks --out _build/student
+	mkdir -p student && for f in _build/student/*.ipynb; do \
+		[ -e student/$${f##*/} ] || cp $$f student/; done
+	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) student
 
 clean:
 	rm -rf _build .pytest_cache

@@ -1,14 +1,19 @@
 """Time one training step (forward and backward) of the book config in NumPy.
 
-Prints ms per step (forward, backward, whole), tokens/s and achieved GFLOP/s, as medians.
-Run: python benchmarks/step.py [--repeats 30] [--json]
+Prints ms per step (forward, backward, and with --whole the update), tokens/s, achieved GFLOP/s,
+as medians, and the memory of a step. By default nothing is tuned: a plain `loss_and_grads`
+in a fresh interpreter, as a learner's notebook runs it; --keep-freed-memory adds the trainer's
+process setting.
+Run: python benchmarks/step.py [--repeats 30] [--whole] [--keep-freed-memory] [--cpu] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
+import tracemalloc
 
 import numpy as np
 
@@ -30,56 +35,85 @@ def step_flops(cfg: xe.Config, B: int) -> int:
     return 3 * forward
 
 
+def rss_mib() -> float:
+    """The process's resident memory now, MiB (Linux; 0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:
+        return 0.0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30, help="timed steps (default 30)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
-    parser.add_argument("--default-malloc", action="store_true",
-                        help="leave glibc's allocator as it is (the trainer tunes it)")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="the trainer's process setting: xenith_edu.perf.keep_freed_memory()")
     parser.add_argument("--whole", action="store_true",
-                        help="time the trainer's whole step: also clipping and the AdamW update")
+                        help="also time the trainer's update after backward: clipping and AdamW")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument("--cpu", action="store_true",
+                        help="time CPU seconds, not wall seconds (steadier on a busy machine)")
     args = parser.parse_args()
+    clock = time.process_time if args.cpu else time.perf_counter
 
-    tuned = False if args.default_malloc else keep_freed_memory()
+    tuned = keep_freed_memory() if args.keep_freed_memory else False
     cfg = xe.Config(**BOOK)
     params = xe.init_params(cfg, seed=0, dtype=np.float32)
     rng = np.random.default_rng(0)
     x = rng.integers(0, cfg.vocab_size, (BATCH, cfg.seq_len))
     y = rng.integers(0, cfg.vocab_size, (BATCH, cfg.seq_len))
-
     m, v = zeros_like_params(params), zeros_like_params(params)
-    fwd, bwd = [], []
+    rss0 = rss_mib()
+
+    tracemalloc.start()  # the first step, traced: every array it needs is new
+    xe.loss_and_grads(params, cfg, x, y)
+    traced_peak = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+
+    fwd, bwd, upd = [], [], []
     for i in range(args.warmup + args.repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         _, cache = xe.forward(params, cfg, x)
-        t1 = time.perf_counter()
+        t1 = clock()
         _, grads = xe.backward(params, cfg, cache, y)
+        t2 = clock()
         if args.whole:  # as the trainer does after backward (lr kept tiny: timing only)
             grads, _ = clip_by_global_norm(grads, 1.0)
             adamw_step_(params, grads, m, v, i + 1, 1e-6, 0.9, 0.99, 1e-8, 0.1)
-        t2 = time.perf_counter()
-        del cache, grads  # as in the trainer, a step's arrays are all freed before the next
+        t3 = clock()
+        del cache, grads  # as in the trainer, a step's arrays are all dropped before the next
         if i >= args.warmup:
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
-    f_ms, b_ms = 1e3 * np.median(fwd), 1e3 * np.median(bwd)
-    total = 1e3 * np.median(np.add(fwd, bwd))
+            upd.append(t3 - t2)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux: KiB)
+    ms = lambda a: round(1e3 * float(np.median(a)), 2)  # noqa: E731
+    step = ms(np.add(fwd, bwd))
     result = {
-        "library": "numpy", "whole": args.whole, "forward_ms": round(f_ms, 2),
-        "backward_ms": round(b_ms, 2),
-        "step_ms": round(total, 2), "tokens_per_s": round(BATCH * cfg.seq_len / total * 1e3),
-        "gflops": round(step_flops(cfg, BATCH) / total / 1e6, 1), "malloc_tuned": tuned,
+        "library": "numpy", "whole": args.whole, "forward_ms": ms(fwd), "backward_ms": ms(bwd),
+        "step_ms": step, "update_ms": ms(upd), "whole_ms": ms(np.add(np.add(fwd, bwd), upd)),
+        "tokens_per_s": round(BATCH * cfg.seq_len / step * 1e3),
+        "gflops": round(step_flops(cfg, BATCH) / step / 1e6, 1), "malloc_tuned": tuned,
+        "traced_peak_mib": round(traced_peak, 1),
+        "peak_rss_mib": round(peak_rss, 1), "rss_growth_mib": round(peak_rss - rss0, 1),
     }
     if args.json:
         print(json.dumps(result))
         return
     print(f"book config, batch {BATCH}, float32, NumPy {np.__version__}, "
-          f"allocator tuned: {tuned}, median of {args.repeats} steps")
-    print(f"forward  {f_ms:7.2f} ms")
-    print(f"backward {b_ms:7.2f} ms" + ("  (with clipping and AdamW)" if args.whole else ""))
-    print(f"step     {total:7.2f} ms   {result['tokens_per_s']:,} tokens/s   "
+          f"glibc tuned: {tuned}, median of {args.repeats} steps")
+    print(f"forward  {result['forward_ms']:7.2f} ms")
+    print(f"backward {result['backward_ms']:7.2f} ms")
+    print(f"step     {step:7.2f} ms   {result['tokens_per_s']:,} tokens/s   "
           f"{result['gflops']:.1f} GFLOP/s ({step_flops(cfg, BATCH) / 1e9:.2f} GFLOP per step)")
+    if args.whole:
+        print(f"update   {result['update_ms']:7.2f} ms (clipping and AdamW); "
+              f"whole step {result['whole_ms']:7.2f} ms")
+    print(f"memory: traced peak of a first step {traced_peak:.1f} MiB; peak RSS "
+          f"{result['peak_rss_mib']:.1f} MiB ({result['rss_growth_mib']:.1f} MiB above the "
+          "RSS before the first step)")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,22 @@
 """Tests of xenith_edu.checkpoint: a round trip that loses nothing, atomic writes, checked loads."""
 
 import json
+import os
+import re
+import tempfile
 import zipfile
 
 import numpy as np
 import pytest
 
-from xenith_edu import Config, init_params
-from xenith_edu.checkpoint import atomic_write, load_checkpoint, save_checkpoint
+from xenith_edu import Config, init_params, util
+from xenith_edu.checkpoint import (
+    atomic_write,
+    config_mismatch,
+    generator_from_state,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 CFG = Config(vocab_size=7, n_embd=16, n_head=2, n_layer=2, ffn_hidden=24, seq_len=8)
 VOCAB = "\n abcde"
@@ -27,6 +36,15 @@ def _save(path, cfg=CFG, vocab=VOCAB, step=42, seed=0):
     rng.integers(0, 10, size=5)  # move it away from its initial state
     save_checkpoint(path, params, m, v, step, rng, cfg, vocab, {"lr": 1e-3, "seed": 5})
     return params, m, v, rng
+
+
+def refused(path, why):
+    """pytest.raises for exactly the message "checkpoint '<path>' <why>"."""
+    return pytest.raises(ValueError, match="^" + re.escape(f"checkpoint '{path}' {why}") + "$")
+
+
+AGAIN = "use a checkpoint written by `xenith-edu train`"
+DAMAGED = "the file is damaged or from another version"
 
 
 def test_round_trip_loses_nothing(tmp_path):
@@ -106,8 +124,12 @@ def test_written_files_get_the_usual_permissions(tmp_path):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(ValueError, match="does not exist"):
+    with refused(tmp_path / "nope.npz", "does not exist: pass the ckpt.npz file that "
+                 "`xenith-edu train` wrote (or its directory)"):
         load_checkpoint(tmp_path / "nope.npz")
+    with refused(tmp_path / "ckpt.npz", "does not exist: pass the ckpt.npz file that "
+                 "`xenith-edu train` wrote (or its directory)"):
+        load_checkpoint(tmp_path)  # a directory means its ckpt.npz
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.9, 0.999])
@@ -116,24 +138,31 @@ def test_truncated_file_is_refused(tmp_path, keep):
     _save(path)
     data = path.read_bytes()
     path.write_bytes(data[:int(len(data) * keep)])
-    with pytest.raises(ValueError, match="truncated"):
+    with pytest.raises(ValueError, match=f"^checkpoint '{re.escape(str(path))}' is truncated or is "
+                       r"not a xenith-edu checkpoint \(.+\): use an intact checkpoint or train "
+                       r"again$"):
         load_checkpoint(path)
 
 
 def test_not_a_checkpoint(tmp_path):
     path = tmp_path / "ckpt.npz"
     path.write_text("hello")
-    with pytest.raises(ValueError, match="not a xenith-edu checkpoint"):
+    with pytest.raises(ValueError, match=f"^checkpoint '{re.escape(str(path))}' is truncated or is "
+                       r"not a xenith-edu checkpoint \(.+\): use an intact checkpoint or train "
+                       r"again$"):
         load_checkpoint(path)
     np.savez(tmp_path / "other.npz", a=np.zeros(3))
-    with pytest.raises(ValueError, match="no metadata"):
+    with refused(tmp_path / "other.npz", "is truncated or is not a xenith-edu checkpoint (no "
+                 f"metadata): {AGAIN}"):
         load_checkpoint(tmp_path / "other.npz")
 
 
 def test_another_config_is_refused_naming_the_difference(tmp_path):
     _save(tmp_path / "ckpt.npz")
     other = Config(vocab_size=7, n_embd=32, n_head=2, n_layer=2, ffn_hidden=24, seq_len=8)
-    with pytest.raises(ValueError, match="another model config.*n_embd: 16 in the checkpoint, 32"):
+    with refused(tmp_path / "ckpt.npz", "is from another model config (n_embd: 16 in the "
+                 "checkpoint, 32 asked): resume with the settings it was trained with, or start "
+                 "a new run"):
         load_checkpoint(tmp_path / "ckpt.npz", config=other)
     assert load_checkpoint(tmp_path / "ckpt.npz", config=CFG).step == 42
 
@@ -154,7 +183,8 @@ def test_shapes_that_disagree_with_the_config_are_refused(tmp_path):
         arrays["params/w1"] = arrays["params/w1"][:, :, :10]
 
     _rewrite(path, shrink)
-    with pytest.raises(ValueError, match=r"'params/w1' of shape \(2, 16, 10\)"):
+    with refused(path, "has 'params/w1' of shape (2, 16, 10), but its config implies "
+                 "(2, 16, 24): the file is damaged"):
         load_checkpoint(path)
 
 
@@ -176,7 +206,7 @@ def test_missing_moment_is_refused(tmp_path):
     path = tmp_path / "ckpt.npz"
     _save(path)
     _rewrite(path, lambda a: a.pop("v/wq"))
-    with pytest.raises(ValueError, match="lacks.*v/wq"):
+    with refused(path, f"lacks arrays ['v/wq'] for its config: {DAMAGED}"):
         load_checkpoint(path)
 
 
@@ -188,7 +218,7 @@ def test_non_finite_parameters_are_refused(tmp_path):
         arrays["params/wq"][0, 0, 0] = np.nan
 
     _rewrite(path, poison)
-    with pytest.raises(ValueError, match="non-finite"):
+    with refused(path, "has non-finite parameters ['wq']: use an earlier checkpoint"):
         load_checkpoint(path)
 
 
@@ -202,5 +232,332 @@ def test_corrupted_member_is_refused(tmp_path):
     at = info.header_offset + 30 + len(info.filename) + 200
     data[at:at + 8] = b"\xff" * 8
     path.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="truncated or is not"):
+    with pytest.raises(ValueError, match=r"^checkpoint '.*' is truncated or is not a xenith-edu "
+                       r"checkpoint \(.*CRC.*\): use an intact checkpoint or train again$"):
+        load_checkpoint(path)
+
+
+def test_config_mismatch_lists_every_difference():
+    other = Config(vocab_size=7, n_embd=32, n_head=4, n_layer=2, ffn_hidden=24, seq_len=8)
+    assert config_mismatch(CFG, other) == ("n_embd: 16 in the checkpoint, 32 asked; "
+                                           "n_head: 2 in the checkpoint, 4 asked")
+    assert config_mismatch(CFG, CFG) == ""
+
+
+# ---- atomicity: the temporary file sits next to the checkpoint ----
+
+def test_temporary_file_is_in_the_checkpoint_directory(tmp_path, monkeypatch):
+    """os.replace is atomic only within one file system: the temporary must be a sibling."""
+    made, renamed = [], []
+    real_mkstemp, real_replace = tempfile.mkstemp, os.replace
+
+    def mkstemp(*args, **kwargs):
+        fd, name = real_mkstemp(*args, **kwargs)
+        made.append(name)
+        return fd, name
+
+    def replace(src, dst):
+        renamed.append((src, dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(util.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(util.os, "replace", replace)
+    path = tmp_path / "run" / "ckpt.npz"  # the directory does not exist yet
+    _save(path)
+    assert len(made) == 1 and renamed == [(made[0], path)]
+    tmp = made[0]
+    assert os.path.dirname(tmp) == str(path.parent)
+    assert os.path.basename(tmp).startswith(".ckpt.npz.") and tmp.endswith(".tmp")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["ckpt.npz"]
+    assert load_checkpoint(path).step == 42
+
+
+def test_atomic_write_is_the_shared_writer():
+    assert atomic_write is util.atomic_write
+
+
+# ---- every field of the metadata is checked ----
+
+def _edit_meta(path, edit):
+    def rewrite(arrays):
+        meta = json.loads(str(arrays["meta"][()]))
+        edit(meta)
+        arrays["meta"] = np.array(json.dumps(meta))
+
+    _rewrite(path, rewrite)
+
+
+def test_step_zero_is_a_valid_checkpoint(tmp_path):
+    _save(tmp_path / "ckpt.npz", step=0)
+    assert load_checkpoint(tmp_path / "ckpt.npz").step == 0
+
+
+@pytest.mark.parametrize("step", [-1, 1.5, True, "3", None])
+def test_a_step_that_is_not_a_count_is_refused(tmp_path, step):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+    _edit_meta(path, lambda m: m.update(step=step))
+    with refused(path, f"has step {step!r}, not an integer >= 0: the file is damaged"):
+        load_checkpoint(path)
+
+
+def test_a_vocabulary_of_the_wrong_length_is_refused(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+    _edit_meta(path, lambda m: m.update(vocab=VOCAB[:-1]))
+    with refused(path, "has a vocab of 6 characters but a config with vocab_size 7: the file "
+                 "is damaged"):
+        load_checkpoint(path)
+    _edit_meta(path, lambda m: m.update(vocab=VOCAB + "z"))
+    with refused(path, "has a vocab of 8 characters but a config with vocab_size 7: the file "
+                 "is damaged"):
+        load_checkpoint(path)
+
+
+def test_a_vocabulary_that_is_not_a_tokenizer_vocabulary_is_refused(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+    _edit_meta(path, lambda m: m.update(vocab=list(VOCAB)))
+    with refused(path, f"has a vocab that is a list, not a str: {AGAIN}"):
+        load_checkpoint(path)
+    _edit_meta(path, lambda m: m.update(vocab="\n abcdd"))
+    with refused(path, "has a damaged vocab (vocab has repeated characters: each character "
+                 "must appear once)"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("state, why", [
+    ({"bit_generator": "PCG64", "state": "garbage", "has_uint32": 0, "uinteger": 0},
+     "rng_state is not a valid PCG64 state (TypeError: "),
+    ({"bit_generator": "PCG64", "state": {"state": 1.5, "inc": 3}, "has_uint32": 0,
+      "uinteger": 0}, "rng_state is not a valid PCG64 state (it does not read back as saved)"),
+    ({"bit_generator": "PCG64", "has_uint32": 0, "uinteger": 0},
+     "rng_state is not a valid PCG64 state (KeyError: 'state')"),
+    ({"bit_generator": "MT19937", "state": {}}, "rng_state names an unknown bit generator "
+                                                "'MT19937'"),
+    ("PCG64", "rng_state names an unknown bit generator None"),
+])
+def test_a_damaged_random_state_is_refused(tmp_path, state, why):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+    _edit_meta(path, lambda m: m.update(rng_state=state))
+    with pytest.raises(ValueError, match="^" + re.escape(f"checkpoint '{path}' has a damaged "
+                                                         f"rng_state ({why}")):
+        load_checkpoint(path)
+
+
+def test_generator_from_state_round_trip():
+    rng = np.random.default_rng(9)
+    rng.random(3)
+    for g in (rng, np.random.Generator(np.random.PCG64DXSM(4))):
+        copy = generator_from_state(g.bit_generator.state)
+        assert type(copy.bit_generator) is type(g.bit_generator)
+        np.testing.assert_array_equal(copy.random(5), g.random(5))
+
+
+def test_save_refuses_a_generator_whose_state_is_not_json(tmp_path):
+    params, m, v = _state()
+    with pytest.raises(ValueError, match=r"^rng uses the bit generator MT19937, whose state is "
+                       r"not plain JSON: use one of \('PCG64', 'PCG64DXSM'\), e\.g\. "
+                       r"np\.random\.default_rng\(seed\)$"):
+        save_checkpoint(tmp_path / "c.npz", params, m, v, 1,
+                        np.random.Generator(np.random.MT19937(0)), CFG, VOCAB)
+    assert not (tmp_path / "c.npz").exists()
+    with pytest.raises(ValueError, match="^params, m and v must have the same keys$"):
+        save_checkpoint(tmp_path / "c.npz", params, {**m, "x": m["wq"]}, v, 1,
+                        np.random.default_rng(0), CFG, VOCAB)
+    with pytest.raises(ValueError, match="^params, m and v must have the same keys$"):
+        save_checkpoint(tmp_path / "c.npz", params, m, {**v, "x": v["wq"]}, 1,
+                        np.random.default_rng(0), CFG, VOCAB)
+
+
+def test_training_settings_are_optional_but_must_be_a_record(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    params, m, v = _state()
+    save_checkpoint(path, params, m, v, 3, np.random.default_rng(0), CFG, VOCAB)
+    assert load_checkpoint(path).train == {}
+    _edit_meta(path, lambda meta: meta.pop("train"))
+    assert load_checkpoint(path).train == {}
+    _edit_meta(path, lambda meta: meta.update(train=[1, 2]))
+    with refused(path, f"has training settings 'train' that are a list, not a record: {AGAIN}"):
+        load_checkpoint(path)
+
+
+def test_unreadable_metadata_is_refused(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+    _rewrite(path, lambda a: a.update(meta=np.array("{not json")))
+    with pytest.raises(ValueError, match="^" + re.escape(f"checkpoint '{path}' has unreadable "
+                       "metadata (JSONDecodeError: ") + r".*\): " + re.escape(AGAIN) + "$"):
+        load_checkpoint(path)
+    _rewrite(path, lambda a: a.update(meta=np.array("[1, 2]")))
+    with refused(path, f"has unreadable metadata (a list, not a record): {AGAIN}"):
+        load_checkpoint(path)
+    _rewrite(path, lambda a: a.update(meta=np.array([1.0, 2.0])))
+    with pytest.raises(ValueError, match=re.escape(f"checkpoint '{path}' has unreadable metadata")):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("field", ["format", "step", "config", "vocab", "rng_state"])
+def test_metadata_without_a_field_is_refused(tmp_path, field):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+    _edit_meta(path, lambda m: m.pop(field))
+    with refused(path, f"has metadata without [{field!r}]: {AGAIN}"):
+        load_checkpoint(path)
+
+
+def test_another_format_is_refused(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+    _edit_meta(path, lambda m: m.update(format="xenith-edu checkpoint 0"))
+    with refused(path, "has format 'xenith-edu checkpoint 0', this version reads 'xenith-edu "
+                 "checkpoint 1': train again with this version"):
+        load_checkpoint(path)
+
+
+def test_an_unreadable_config_is_refused(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+    _edit_meta(path, lambda m: m["config"].update(n_head=3))
+    with pytest.raises(ValueError, match="^" + re.escape(f"checkpoint '{path}' has an unreadable "
+                       "config (ValueError: Config.n_embd (16) must be divisible by Config.n_head "
+                       f"(3)): {AGAIN}") + "$"):
+        load_checkpoint(path)
+    _edit_meta(path, lambda m: m["config"].update(n_head=2, colour="red"))
+    with pytest.raises(ValueError, match="^" + re.escape(f"checkpoint '{path}' has an unreadable "
+                       "config (TypeError: ") + ".*colour"):
+        load_checkpoint(path)
+
+
+# ---- every array is checked ----
+
+def test_extra_arrays_are_refused(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+    _rewrite(path, lambda a: a.update({"params/extra": np.zeros(3, np.float32)}))
+    with refused(path, f"has unexpected arrays ['params/extra'] for its config: {DAMAGED}"):
+        load_checkpoint(path)
+
+
+def test_mixed_dtypes_are_refused(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+
+    def widen(arrays):
+        arrays["params/wq"] = arrays["params/wq"].astype(np.float64)
+
+    _rewrite(path, widen)
+    with refused(path, "has 'params/wq' of dtype float64 and 'params/wte' of dtype float32: all "
+                 "arrays must share one float dtype"):
+        load_checkpoint(path)
+
+
+def test_integer_arrays_are_refused(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+
+    def to_int(arrays):
+        for k in arrays:
+            if k != "meta":
+                arrays[k] = arrays[k].astype(np.int32)
+
+    _rewrite(path, to_int)
+    with pytest.raises(ValueError, match=r"of dtype int32 and 'params/wte' of dtype int32: all "
+                       r"arrays must share one float dtype$"):
+        load_checkpoint(path)
+
+
+def test_float64_checkpoints_load(tmp_path):
+    params, m, v = _state()
+    as64 = [{k: a.astype(np.float64) for k, a in d.items()} for d in (params, m, v)]
+    save_checkpoint(tmp_path / "c.npz", *as64, 5, np.random.default_rng(0), CFG, VOCAB)
+    ck = load_checkpoint(tmp_path / "c.npz", config=CFG)
+    assert all(a.dtype == np.float64 for d in (ck.params, ck.m, ck.v) for a in d.values())
+    assert ck.step == 5 and ck.config == CFG
+
+
+# ---- the shared atomic writer that checkpoints use ----
+
+def test_atomic_write_makes_missing_directories_and_replaces(tmp_path):
+    path = tmp_path / "a" / "b" / "f.bin"
+    util.atomic_write(path, lambda f: f.write(b"one"))
+    util.atomic_write(path, lambda f: f.write(b"two"))  # the directories exist now: fine
+    assert path.read_bytes() == b"two"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["f.bin"]
+
+
+def test_atomic_write_text_is_utf8_with_newlines_as_given(tmp_path):
+    path = tmp_path / "t" / "notes.txt"
+    util.atomic_write_text(str(path), "é\r\nx\n")
+    assert path.read_bytes() == "é\r\nx\n".encode()
+
+
+def test_atomic_write_flushes_to_disk_before_the_rename(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(util.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    util.atomic_write(tmp_path / "f", lambda f: f.write(b"x"))
+    assert len(synced) == 1
+
+
+def test_atomic_write_cleans_up_even_if_the_temporary_is_gone(tmp_path):
+    def vanish(f):
+        (tmp,) = tmp_path.glob(".f.*.tmp")
+        tmp.unlink()  # something removed the temporary: the original error still shows
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="^boom$"):
+        util.atomic_write(tmp_path / "f", vanish)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_error_without_a_message_is_named_by_its_type(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+
+    def failing_load(*args, **kwargs):
+        raise EOFError
+
+    monkeypatch.setattr(np, "load", failing_load)
+    with refused(path, "is truncated or is not a xenith-edu checkpoint (EOFError): use an intact "
+                 "checkpoint or train again"):
+        load_checkpoint(path)
+
+
+def test_messages_list_at_most_four_arrays(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+    names = sorted(k for k in init_params(CFG, 0, np.float32))
+    assert len(names) >= 5
+    _rewrite(path, lambda a: [a.pop(f"v/{k}") for k in names])
+    with refused(path, f"lacks arrays {[f'v/{k}' for k in names[:4]]} for its config: {DAMAGED}"):
+        load_checkpoint(path)
+    _save(path)
+    _rewrite(path, lambda a: a.update({f"x/{i}": np.zeros(1) for i in range(5)}))
+    with refused(path, f"has unexpected arrays {[f'x/{i}' for i in range(4)]} for its config: "
+                 f"{DAMAGED}"):
+        load_checkpoint(path)
+    _save(path)
+
+    def poison(arrays):
+        for k in names:
+            arrays[f"params/{k}"][...] = np.inf
+
+    _rewrite(path, poison)
+    order = list(init_params(CFG, 0, np.float32))  # the contract's order
+    with refused(path, f"has non-finite parameters {order[:4]}: use an earlier checkpoint"):
+        load_checkpoint(path)
+
+
+def test_moments_are_checked_like_the_parameters(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+
+    def shrink(arrays):
+        arrays["v/w2"] = arrays["v/w2"][:, :3]
+
+    _rewrite(path, shrink)
+    with refused(path, "has 'v/w2' of shape (2, 3, 16), but its config implies (2, 24, 16): the "
+                 "file is damaged"):
         load_checkpoint(path)

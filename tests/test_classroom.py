@@ -1,4 +1,4 @@
-"""The classroom: student versions of the notebooks run to the end; grading survives anything.
+"""The classroom: student versions of the notebooks run to the end; an ordinary class graded.
 
 Kernels are slow to start, so the graded sample is small and its time limit short.
 """
@@ -176,11 +176,12 @@ def test_student_version_of_each_chapter_runs_top_to_bottom(path, tmp_path, monk
 
 
 # ---------------------------------------------------------------- grading
+# The adversaries are in test_grading.py; here, an ordinary class and the boundaries.
 def test_grade_a_small_class(tmp_path):
-    subs = tmp_path / "submissions"
+    subs, inst = tmp_path / "submissions", write(chapter(), tmp_path / "inst" / "week1.ipynb")
     write(chapter(), subs / "alice" / "week1.ipynb")  # a learner's folder
     write(chapter(SOLUTION.replace("dY @ W.T", "dY @ W")), subs / "bob.ipynb")
-    make_student_versions(write(chapter(), tmp_path / "inst" / "carol.ipynb"), subs)
+    make_student_versions(write(chapter(), tmp_path / "inst2" / "carol.ipynb"), subs)
     write(chapter(before=[new_code_cell("1 / 0")]), subs / "dan.ipynb")
     write(chapter(before=[new_code_cell("while True:\n    pass")]), subs / "erin.ipynb")
     write(chapter(before=[new_code_cell("import os\nos._exit(3)")]), subs / "ivan.ipynb")
@@ -189,7 +190,7 @@ def test_grade_a_small_class(tmp_path):
     (subs / "hank").mkdir()
     out = tmp_path / "grades.csv"
 
-    rows = grade(subs, out, timeout=15)
+    rows = grade(subs, out, timeout=4, instructor=inst, jobs=2)
 
     with out.open(newline="") as f:
         assert list(csv.DictReader(f)) == rows
@@ -201,45 +202,70 @@ def test_grade_a_small_class(tmp_path):
     for ex in ("linear_backward", "attention_memory"):
         assert got[("alice", ex)][0] == "passed"
         assert got[("carol", ex)][0] == "not attempted"
-        assert got[("dan", ex)] == ("notebook error", "the check did not run: cell 3 raised "
-                                                      "ZeroDivisionError: division by zero")
-        assert got[("erin", ex)][0] == "notebook error"
-        assert "timed out after 15 s in cell 3" in got[("erin", ex)][1]
+        assert got[("dan", ex)][0] == "passed"  # an error in another cell: noted, not fatal
+        assert got[("erin", ex)][0] == "missing"  # its cells stopped before the function
         assert got[("ivan", ex)][0] == "notebook error"
-        assert "the kernel died in cell 3" in got[("ivan", ex)][1]
+        assert "ended its own process" in got[("ivan", ex)][1]
+        assert got[("gina", ex)][0] == "notebook error"
+        assert "gina.ipynb is not a valid notebook" in got[("gina", ex)][1]
+    assert got[("dan", "")] == ("notebook error", "cell 3 raised ZeroDivisionError: division "
+                                                  "by zero (line 1: `1 / 0`)")
+    assert "timed out after 4 s in cell 3" in got[("erin", "")][1]
     status, message = got[("bob", "linear_backward")]
     assert status == "failed" and "matrix shapes don't match" in message
     assert got[("bob", "attention_memory")][0] == "passed"
     assert got[("frank", "")] == ("notebook error", "not a notebook: frank.txt")
-    assert got[("gina", "")][0] == "notebook error"
-    assert "gina.ipynb is not a valid notebook" in got[("gina", "")][1]
     assert got[("hank", "")] == ("notebook error", "no notebook (.ipynb) in this folder")
+    report = (tmp_path / "grades.md").read_text()
+    assert "| linear_backward | 2 | 1 | 1 | 0 | 1 | 2 | 29% |" in report and "**ivan**" in report
 
 
 def test_grade_bad_arguments(tmp_path):
     (tmp_path / "subs").mkdir()
     (tmp_path / "subs" / "x.txt").write_text("x")
+    inst = write(chapter(), tmp_path / "inst.ipynb")
     for timeout in (0, -1.0, float("nan"), float("inf"), True, "5"):
         with pytest.raises(ValueError, match="timeout must be a positive number"):
-            grade(tmp_path / "subs", tmp_path / "g.csv", timeout=timeout)
+            grade(tmp_path / "subs", tmp_path / "g.csv", timeout=timeout, instructor=inst)
+    for jobs in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="jobs must be a positive integer"):
+            grade(tmp_path / "subs", tmp_path / "g.csv", jobs=jobs, instructor=inst)
     with pytest.raises(ValueError, match="submissions_dir: .* is not a folder"):
         grade(tmp_path / "nope", tmp_path / "g.csv")
     with pytest.raises(ValueError, match="out_csv: .* is a folder"):
         grade(tmp_path / "subs", tmp_path / "subs")
     with pytest.raises(ValueError, match="out_csv: the folder .* does not exist"):
         grade(tmp_path / "subs", tmp_path / "missing" / "g.csv")
+    with pytest.raises(ValueError, match="instructor: .* neither a notebook nor a folder"):
+        grade(tmp_path / "subs", tmp_path / "g.csv", instructor=tmp_path / "subs" / "x.txt")
+    with pytest.raises(ValueError, match="no submitted notebook is named as a chapter"):
+        grade(tmp_path / "subs", tmp_path / "g.csv")  # the default: the book's chapters
     assert not (tmp_path / "g.csv").exists()
 
 
-def test_grade_skips_its_own_csv_inside_the_folder(tmp_path):
+def test_grade_skips_its_own_files_inside_the_folder(tmp_path):
     subs = tmp_path / "subs"
     subs.mkdir()
     (subs / "x.txt").write_text("x")
-    rows = grade(subs, subs / "grades.csv", timeout=None)  # None: the default time limit
-    rows_again = grade(subs, subs / "grades.csv", timeout=5)
+    inst = write(chapter(), tmp_path / "inst.ipynb")
+    rows = grade(subs, subs / "grades.csv", timeout=None, instructor=inst)  # the default limit
+    rows_again = grade(subs, subs / "grades.csv", timeout=5, instructor=inst)
     assert rows == rows_again == [{"learner": "x", "notebook": "", "exercise": "",
                                    "status": "notebook error",
                                    "message": "not a notebook: x.txt"}]
+
+
+def test_without_bubblewrap_the_grader_says_so_and_still_judges(tmp_path, monkeypatch, capsys):
+    from xenith_edu.classroom import sandbox
+
+    monkeypatch.setattr(sandbox, "bwrap", lambda: None)
+    inst = write(chapter(), tmp_path / "inst.ipynb")
+    write(chapter(SOLUTION.replace("dY @ W.T", "dY @ W")), tmp_path / "subs" / "bob.ipynb")
+    rows = grade(tmp_path / "subs", tmp_path / "g.csv", instructor=inst, timeout=10)
+    err = capsys.readouterr().err
+    assert err.count("bubblewrap (bwrap) is not installed") == 1 and "NOT isolated" in err
+    assert [(r["exercise"], r["status"]) for r in rows] == [("linear_backward", "failed"),
+                                                           ("attention_memory", "passed")]
 
 
 def test_command_line_student_and_grade(tmp_path, capsys):
@@ -247,12 +273,14 @@ def test_command_line_student_and_grade(tmp_path, capsys):
     src = write(chapter(), tmp_path / "inst" / "a.ipynb")
     assert cli.main(["student", str(src), "--out", str(tmp_path / "student")]) == 0
     assert (tmp_path / "student" / "a.ipynb").exists()
-    (tmp_path / "subs").mkdir()
-    (tmp_path / "subs" / "x.txt").write_text("x")
+    write(chapter(), tmp_path / "subs" / "x.ipynb")
     out = tmp_path / "grades.csv"
-    assert cli.main(["grade", str(tmp_path / "subs"), "--out", str(out)]) == 0
-    assert "not a notebook: x.txt" in out.read_text()
-    capsys.readouterr()
+    assert cli.main(["grade", str(tmp_path / "subs"), "--out", str(out), "--instructor",
+                     str(src), "--jobs", "1", "--timeout", "20"]) == 0
+    assert out.read_text().count(",passed,") == 2
+    assert cli.main(["grade", str(tmp_path / "subs"), "--out", str(out), "--instructor",
+                     str(src), "--resume"]) == 0
+    assert "wrote 2 grade row(s), 2 passed" in capsys.readouterr().out
     assert cli.main(["student", str(tmp_path / "nope"), "--out", str(tmp_path / "s")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not exist" in err and "Traceback" not in err

@@ -6,6 +6,7 @@ Bad input (issue item 7): one line on stderr, a non-zero exit, no traceback, no 
 import subprocess
 import sys
 import types
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,10 @@ import pytest
 
 import xenith_edu
 from xenith_edu.checkpoint import load_checkpoint
-from xenith_edu.cli import main
+from xenith_edu.cli import build_parser, main
+from xenith_edu.params import PARAMS
+from xenith_edu.settings import UsageError, train_config
+from xenith_edu.train import SMALL, TrainConfig
 
 QUICK = ["--preset", "small", "--no-progress", "--sample-chars", "0"]
 
@@ -54,7 +58,7 @@ BAD = {
     "too-short text": (["train", *QUICK, "--text", "{w}/short.txt", "--out", "{w}/new"],
                        "too short"),
     "steps 0": (["train", *QUICK, "--steps", "0", "--out", "{w}/new"],
-                "--steps: must be a positive integer"),
+                "steps must be a positive integer"),
     "checkpoint from another config": (["train", "--resume", "{w}/run/ckpt.npz", "--preset",
                                         "book", "--steps", "9"], "another model config"),
     "truncated checkpoint (train)": (["train", "--resume", "{w}/trunc/ckpt.npz", "--steps", "9"],
@@ -73,10 +77,39 @@ BAD = {
     "resume with another seed": (["train", "--resume", "{w}/run", "--steps", "4", "--seed", "1"],
                                  "drop --seed"),
     "unknown preset": (["train", "--preset", "huge"], "invalid choice"),
+    "unknown setting": (["train", *QUICK, "--set", "learning_rate=1", "--out", "{w}/new"],
+                        "unknown setting 'learning_rate'"),
+    "misspelt setting": (["train", *QUICK, "--set", "n_layers=3", "--out", "{w}/new"],
+                         "did you mean n_layer?"),
+    "vocab_size is not a setting": (["train", *QUICK, "--set", "vocab_size=9", "--out",
+                                     "{w}/new"], "vocabulary size comes from the text"),
+    "--set without =": (["train", *QUICK, "--set", "lr", "--out", "{w}/new"], "NAME=VALUE"),
+    "bad value with --set": (["train", *QUICK, "--set", "lr=fast", "--out", "{w}/new"],
+                             "lr expects a number, got 'fast'"),
+    "bad value of a flag": (["train", *QUICK, "--n-layer", "2.5", "--out", "{w}/new"],
+                            "n_layer expects an integer, got '2.5'"),
+    "bad bool": (["train", *QUICK, "--set", "tie_embeddings=maybe", "--out", "{w}/new"],
+                 "tie_embeddings expects true or false"),
+    "value out of range": (["train", *QUICK, "--beta2", "1.5", "--out", "{w}/new"],
+                           "beta2 must lie in [0, 1)"),
+    "inconsistent values": (["train", *QUICK, "--n-head", "3", "--out", "{w}/new"],
+                            "must be divisible by Config.n_head"),
+    "a setting given twice": (["train", *QUICK, "--lr", "1e-3", "--set", "lr=2e-3", "--out",
+                               "{w}/new"], "lr is given twice"),
+    "model setting on resume": (["train", "--resume", "{w}/run", "--steps", "4", "--n-layer",
+                                 "3"], "another model config"),
+    "--overlap without mpiexec": (["train", *QUICK, "--overlap", "--out", "{w}/new"],
+                                  "mpiexec -n K"),
     "student: missing source": (["student", "{w}/nope", "--out", "{w}/new"], "does not exist"),
     "grade: missing directory": (["grade", "{w}/nope", "--out", "{w}/grades.csv"],
                                  "is not a folder"),
 }
+
+# bad settings are usage errors, as argparse's own: exit status 2 and a pointer to --help
+USAGE = {"steps 0", "unknown setting", "misspelt setting", "vocab_size is not a setting",
+         "--set without =", "bad value with --set", "bad value of a flag", "bad bool",
+         "value out of range", "inconsistent values", "a setting given twice",
+         "--overlap without mpiexec"}
 
 
 @pytest.mark.parametrize("case", list(BAD))
@@ -93,6 +126,8 @@ def test_bad_input_one_line_nonzero_no_traceback_no_file_touched(case, world, ca
     assert "Traceback" not in err + out
     assert snapshot(world) == before  # nothing destroyed, changed or created
     assert not (world / "new").exists()
+    if case in USAGE:
+        assert rc == 2 and "see xenith-edu train --help" in lines[0]  # a usage error
 
 
 def test_train_then_sample(world, capsys):
@@ -151,15 +186,16 @@ def test_train_on_another_text(tmp_path, capsys):
 def test_gradcheck_table_passes(capsys):
     rc, out, err = run(["gradcheck"], capsys)
     assert rc == 0, out
-    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:13]}
-    assert set(rows) == {"wte", "rms_attn", "wq", "wk", "wv", "wo", "rms_ffn", "w1", "w3", "w2",
-                         "rms_final"}
+    tied = [p.name for p in PARAMS if not p.untied_only]
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:2 + len(tied)]}
+    assert list(rows) == tied
     assert all(r[-1] == "yes" and float(r[1]) < 1e-6 for r in rows.values())
     rc, out, _ = run(["gradcheck", "--untied", "--coords", "3"], capsys)
     assert rc == 0 and "lm_head" in out
 
 
 def test_gradcheck_table_catches_a_wrong_gradient(capsys, monkeypatch):
+    tied = [p.name for p in PARAMS if not p.untied_only]
     import xenith_edu.model as model
     real = model.loss_and_grads
 
@@ -172,13 +208,14 @@ def test_gradcheck_table_catches_a_wrong_gradient(capsys, monkeypatch):
     rc, out, _ = run(["gradcheck", "--coords", "2"], capsys)
     assert rc == 1
     assert [line.split()[-1] for line in out.splitlines() if line.startswith("w2 ")] == ["NO"]
-    assert "1 of 11 parameters fail" in out
+    assert f"1 of {len(tied)} parameters fail" in out
 
 
 @pytest.mark.parametrize("command,options", [
     (None, ["train", "sample", "gradcheck", "student", "grade"]),
-    ("train", ["--preset", "--text", "--steps", "--decay-steps", "--eval-every", "--seed",
-               "--out", "--resume", "--overwrite", "--sample-chars", "--no-progress"]),
+    ("train", ["--preset", "--set", "--out", "--resume", "--overwrite", "--sample-chars",
+               "--no-progress", "--overlap"]
+     + [f"--{f.name.replace('_', '-')}" for f in fields(TrainConfig)]),
     ("sample", ["CKPT", "--prompt", "--chars", "--temperature", "--top-k", "--seed"]),
     ("gradcheck", ["--coords", "--seed", "--untied"]),
     ("student", ["SRC", "--out"]),
@@ -247,3 +284,65 @@ def test_python_dash_m_entry_point(tmp_path):
         "xenith-edu sample: error: checkpoint 'missing.npz' does not exist: pass the ckpt.npz "
         "file that `xenith-edu train` wrote (or its directory)"]
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- every setting
+
+
+# A valid value, other than the small preset's, for every setting (the test below checks that
+# the table covers every field, so a new setting needs a line here).
+OTHER = {"n_layer": 3, "n_head": 2, "n_embd": 48, "ffn_hidden": 96, "seq_len": 16,
+         "tie_embeddings": False, "rope_theta": 500.0, "norm_eps": 1e-6, "text": "tale.txt",
+         "batch_size": 8, "lr": 2e-3, "min_lr": 1e-4, "beta1": 0.8, "beta2": 0.95, "eps": 1e-6,
+         "weight_decay": 0.0, "warmup_steps": 5, "decay_steps": 50, "grad_clip": 0.5, "steps": 7,
+         "eval_every": 3, "eval_batches": 2, "seed": 4, "attention": "flash", "flash_block": 16,
+         "recompute": True}
+
+
+def _config(argv):
+    return train_config(build_parser().parse_args(["train", "--preset", "small", *argv]))[0]
+
+
+def _text(value):
+    return str(Path(value).resolve()) if value == "tale.txt" else value
+
+
+@pytest.mark.parametrize("name", [f.name for f in fields(TrainConfig)])
+def test_every_setting_has_a_flag_and_a_set_form(name):
+    assert set(OTHER) == {f.name for f in fields(TrainConfig)}
+    value, flag = OTHER[name], "--" + name.replace("_", "-")
+    want = replace(SMALL, **{name: _text(value)})
+    assert want != SMALL
+    as_flag = ([f"--no-{flag[2:]}"] if value is False else [flag] if value is True
+               else [flag, str(value)])
+    assert _config(as_flag) == want
+    assert _config(["--set", f"{name}={value}"]) == want
+    assert _config(["--set", f"{name.replace('_', '-')}={value}"]) == want
+
+
+def test_flags_override_the_preset_and_combine():
+    tc = _config(["--n-layer", "1", "--lr", "2e-3", "--set", "beta2=0.9", "--set",
+                  "tie_embeddings=no", "--steps", "5", "--set", "lr=2e-3"])  # same value twice
+    assert tc == replace(SMALL, n_layer=1, lr=2e-3, beta2=0.9, tie_embeddings=False, steps=5)
+    with pytest.raises(UsageError, match="min_lr must lie in"):
+        _config(["--lr", "1e-4"])  # below the preset's min_lr: the whole config is checked
+
+
+def test_settings_reach_the_run_and_resume_keeps_or_changes_them(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc, _, err = run(["train", *QUICK, "--steps", "2", "--eval-every", "2", "--n-layer", "1",
+                      "--no-tie-embeddings", "--set", "rope_theta=500", "--lr", "2e-3",
+                      "--out", out], capsys)
+    assert rc == 0, err
+    ck = load_checkpoint(out)
+    assert ck.config.n_layer == 1 and not ck.config.tie_embeddings
+    assert ck.config.rope_theta == 500.0 and "lm_head" in ck.params
+    assert TrainConfig.from_dict(ck.train) == replace(SMALL, steps=2, eval_every=2, n_layer=1,
+                                                      tie_embeddings=False, rope_theta=500.0,
+                                                      lr=2e-3)
+    # resuming keeps the checkpoint's settings; an optimizer setting may change
+    rc, _, err = run(["train", "--resume", out, "--steps", "4", "--set", "lr=1e-3",
+                      "--no-progress", "--sample-chars", "0"], capsys)
+    assert rc == 0, err
+    ck = load_checkpoint(out)
+    assert ck.step == 4 and ck.train["lr"] == 1e-3 and ck.train["rope_theta"] == 500.0

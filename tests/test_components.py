@@ -165,8 +165,9 @@ def test_rope_gradient(rng, shape):
     S, hd = shape[-2], shape[-1]
     cos, sin = rope_tables(S + 2, hd, 10000.0)  # tables longer than S are cropped
     u, G = rng.standard_normal(shape), rng.standard_normal(shape)
-    du = rope_backward(G, cos, sin)
-    assert_passes(check_gradient(lambda z: float(np.sum(rope_forward(z, cos, sin) * G)),
+    out, cache = rope_forward(u, cos, sin)
+    du = rope_backward(G, cache)
+    assert_passes(check_gradient(lambda z: float(np.sum(rope_forward(z, cos, sin)[0] * G)),
                                  u, du, name="u", tol=TOL))
 
 
@@ -175,14 +176,14 @@ def test_rope_matches_contract_and_inverts(rng):
     cos, sin = rope_tables(S, hd, theta)
     assert cos.shape == sin.shape == (S, hd // 2)
     u = rng.standard_normal((S, hd))
-    out = rope_forward(u, cos, sin)
+    out, cache = rope_forward(u, cos, sin)
     for t in range(S):
         for i in range(hd // 2):
             a = t * theta ** (-2 * i / hd)
             x0, x1 = u[t, 2 * i], u[t, 2 * i + 1]
             assert out[t, 2 * i] == pytest.approx(x0 * np.cos(a) - x1 * np.sin(a), abs=1e-12)
             assert out[t, 2 * i + 1] == pytest.approx(x0 * np.sin(a) + x1 * np.cos(a), abs=1e-12)
-    np.testing.assert_allclose(rope_backward(out, cos, sin), u, atol=1e-12)  # R^T R = I
+    np.testing.assert_allclose(rope_backward(out, cache), u, atol=1e-12)  # R^T R = I
 
 
 def test_rope_relative_position(rng):
@@ -191,7 +192,7 @@ def test_rope_relative_position(rng):
     cos, sin = rope_tables(20, hd, 10000.0)
     q, k = rng.standard_normal(hd), rng.standard_normal(hd)
     qs, ks = np.tile(q, (20, 1)), np.tile(k, (20, 1))
-    rq, rk = rope_forward(qs, cos, sin), rope_forward(ks, cos, sin)
+    rq, rk = rope_forward(qs, cos, sin)[0], rope_forward(ks, cos, sin)[0]
     assert rq[7] @ rk[4] == pytest.approx(rq[15] @ rk[12], rel=1e-10)
 
 
@@ -205,15 +206,19 @@ def test_embedding_gradient(rng, x):
     V, d = 6, 3
     wte = rng.standard_normal((V, d))
     G = rng.standard_normal((*x.shape, d))
-    dwte = embedding_backward(x, G, V)
-    assert_passes(check_gradient(lambda w: float(np.sum(embedding_forward(w, x) * G)),
+    h, cache = embedding_forward(wte, x)
+    np.testing.assert_array_equal(h, wte[x])
+    dwte = embedding_backward(G, cache)
+    assert dwte.shape == wte.shape
+    assert_passes(check_gradient(lambda w: float(np.sum(embedding_forward(w, x)[0] * G)),
                                  wte, dwte, name="wte", tol=TOL))
 
 
 def test_embedding_repeated_tokens_accumulate(rng):
     x = np.array([[5, 5, 5]])
     dh = rng.standard_normal((1, 3, 4))
-    dwte = embedding_backward(x, dh, 7)
+    _, cache = embedding_forward(rng.standard_normal((7, 4)), x)
+    dwte = embedding_backward(dh, cache)
     np.testing.assert_allclose(dwte[5], dh[0].sum(0), rtol=1e-12)
     assert np.count_nonzero(np.abs(dwte).sum(1)) == 1
 
@@ -246,6 +251,8 @@ def _calls(rng, dtype):
     _, rc = rmsnorm_forward(x, w, 1e-5)
     _, sc = swiglu_forward(x, r(8, 6), r(8, 6), r(6, 8))
     _, ac = causal_attention_forward(q, k, v)
+    _, pc = rope_forward(q, cos, sin)
+    _, ec = embedding_forward(r(6, 8), tok)
     return [
         ("softmax_cross_entropy", softmax_cross_entropy, (r(5, 6), tok.ravel()[:5])),
         ("per_token_loss", per_token_loss, (r(5, 6), tok.ravel()[:5])),
@@ -256,11 +263,11 @@ def _calls(rng, dtype):
         ("causal_attention_forward", causal_attention_forward, (q, k, v)),
         ("causal_attention_backward", causal_attention_backward, (r(2, 2, 5, 4), ac)),
         ("rope_forward", rope_forward, (q, cos, sin)),
-        ("rope_backward", rope_backward, (q, cos, sin)),
+        ("rope_backward", rope_backward, (q, pc)),
         ("embedding_forward", embedding_forward, (r(6, 8), tok)),
-        ("embedding_backward", embedding_backward, (tok, x, 6)),
+        ("embedding_backward", embedding_backward, (x, ec)),
         ("linear_forward", linear_forward, (x, r(8, 5))),
-        ("linear_backward", linear_backward, (r(3, 4, 5), (x, r(8, 5)))),
+        ("linear_backward", linear_backward, (r(3, 4, 5), linear_forward(x, r(8, 5))[1])),
     ]
 
 
@@ -283,3 +290,51 @@ def test_components_keep_dtype_and_inputs(rng, dtype):
         for o in outs:
             if isinstance(o, np.ndarray) and o.dtype.kind == "f":
                 assert o.dtype == dtype, f"{name} returned {o.dtype} for {np.dtype(dtype)} input"
+
+
+# -- caches name what they keep ----------------------------------------------------------
+
+def test_component_caches_are_named_tuples(rng):
+    x, w = rng.standard_normal((3, 4)), rng.standard_normal(4)
+    q = rng.standard_normal((1, 2, 3, 4))
+    cos, sin = rope_tables(3, 4)
+    w1, w3, w2 = (rng.standard_normal(s) for s in [(4, 5), (4, 5), (5, 4)])
+    caches = {
+        "rmsnorm": (rmsnorm_forward(x, w, 1e-5)[1], ("xhat", "rstd", "w")),
+        "swiglu": (swiglu_forward(x, w1, w3, w2)[1],
+                   ("x", "x_shape", "w13", "w2", "h3", "sig", "gate", "ha")),
+        "attention": (causal_attention_forward(q, q, q)[1], ("q", "k", "v", "att")),
+        "rope": (rope_forward(q, cos, sin)[1], ("cos", "sin")),
+        "embedding": (embedding_forward(x, np.array([[0, 2]]))[1], ("x", "vocab_size")),
+        "linear": (linear_forward(x, x.T)[1], ("x", "w")),
+    }
+    for name, (cache, fields) in caches.items():
+        assert cache._fields == fields, name
+
+
+def test_silu_and_its_gradient(rng):
+    from xenith_edu.swiglu import sigmoid, silu, silu_grad
+    z = np.concatenate([4.0 * rng.standard_normal(50), [-800.0, 0.0, 800.0]])
+    # the tanh form loses relative precision far left, where sigmoid is below 1e-15 anyway
+    want = 1 / (1 + np.exp(-np.clip(z, -700, 700)))
+    np.testing.assert_allclose(sigmoid(z), want, rtol=1e-9, atol=1e-15)
+    np.testing.assert_allclose(silu(z), z * sigmoid(z), rtol=1e-15)
+    h = 1e-6
+    numeric = (silu(z + h) - silu(z - h)) / (2 * h)
+    np.testing.assert_allclose(silu_grad(z), numeric, rtol=1e-7, atol=1e-9)
+    assert silu_grad(np.array([0.0]))[0] == 0.5
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_embedding_backward_equals_the_chapters_scatter_add(rng, dtype):
+    """The package sorts and sums runs; the chapter's form is np.add.at. Same sums."""
+    V, d = 9, 5
+    x = rng.integers(0, V - 2, (3, 17))  # repeats, and two unused rows
+    dh = rng.standard_normal((3, 17, d)).astype(dtype)
+    want = np.zeros((V, d), dtype)
+    np.add.at(want, x.reshape(-1), dh.reshape(-1, d))
+    _, cache = embedding_forward(np.zeros((V, d), dtype), x)
+    got = embedding_backward(dh, cache)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 1e-13, atol=1e-6)
+    assert np.all(got[V - 2:] == 0)

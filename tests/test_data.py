@@ -130,3 +130,138 @@ def test_get_batch_errors():
         get_batch(np.arange(100), 2, 8, 0)
     with pytest.raises(ValueError, match="seq_len"):
         get_batch(np.arange(8), 2, 8, np.random.default_rng(0))
+
+
+# ---- the boundaries of the tokenizer, the split and the batches, with their exact messages ----
+
+def test_empty_vocabulary_is_refused():
+    msg = r"^vocab is empty: build the tokenizer from a non-empty text$"
+    with pytest.raises(ValueError, match=msg):
+        CharTokenizer("")
+    with pytest.raises(ValueError, match=msg):
+        CharTokenizer.from_text("")
+
+
+def test_bad_vocab_messages():
+    with pytest.raises(ValueError, match=r"^vocab has repeated characters: each character must "
+                       r"appear once$"):
+        CharTokenizer("abb")
+    with pytest.raises(ValueError, match=r"^vocab must be sorted by code point, as from_text "
+                       r"makes it$"):
+        CharTokenizer("acb")
+    with pytest.raises(TypeError, match=r"^vocab must be a str of distinct characters, got "
+                       r"list$"):
+        CharTokenizer(["a"])
+    with pytest.raises(TypeError, match=r"^text must be a str, got bytes$"):
+        CharTokenizer.from_text(b"abc")
+    with pytest.raises(TypeError, match=r"^text must be a str, got int$"):
+        CharTokenizer("abc").encode(3)
+
+
+@pytest.mark.parametrize("ids", [[-1], [0, -1, 1], [3], [0, 1, 2, 3], [0.0, 1.0], ["a"]])
+def test_decode_refuses_ids_outside_the_vocabulary(ids):
+    tok = CharTokenizer("abc")
+    with pytest.raises(ValueError, match=r"^ids must be integers in \[0, 3\)$"):
+        tok.decode(ids)
+
+
+def test_decode_edges():
+    tok = CharTokenizer("abc")
+    assert tok.decode([]) == "" and tok.decode(np.array([], dtype=np.int64)) == ""
+    assert tok.decode([0, 2]) == "ac"  # the first and the last id
+    assert tok.decode(np.array([[2, 1], [0, 0]], dtype=np.uint8)) == "cbaa"  # any shape, uint
+    assert tok.vocab_size == 3 and repr(tok) == "CharTokenizer(vocab_size=3)"
+
+
+def test_encode_the_last_and_first_characters_and_beyond():
+    tok = CharTokenizer("bdf")
+    np.testing.assert_array_equal(tok.encode("fdb"), [2, 1, 0])
+    for outside, pos in (("g", 0), ("a", 0), ("c", 0), ("bbz", 2)):
+        with pytest.raises(ValueError, match=f"^text has 1 character\\(s\\) outside the "
+                           f"vocabulary: '{outside[-1]}' \\(first at position {pos}\\); use only "
+                           "characters the model was trained on$"):
+            tok.encode(outside)
+
+
+def test_many_unknown_characters_are_summarised():
+    tok = CharTokenizer("a")
+    with pytest.raises(ValueError) as e:
+        tok.encode("a" + "bcdefghijklm")
+    msg = str(e.value)
+    assert msg.startswith("text has 12 character(s) outside the vocabulary: 'b', 'c', 'd', 'e', "
+                          "'f', 'g', 'h', 'i', 'j', 'k' and 2 more (first at position 1)")
+    with pytest.raises(ValueError, match=r"outside the vocabulary: 'b', 'c', 'd', 'e', 'f', 'g', "
+                       r"'h', 'i', 'j', 'k' \(first"):
+        tok.encode("bcdefghijk")  # exactly ten: no "and more"
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.5, 1.5])
+def test_split_fraction_must_leave_both_sides(fraction):
+    with pytest.raises(ValueError, match=f"^train_fraction must be in \\(0, 1\\), got {fraction}$"):
+        split_ids(np.arange(10), fraction)
+
+
+def test_split_with_another_fraction():
+    train, val = split_ids(np.arange(10), 0.5)
+    np.testing.assert_array_equal(train, np.arange(5))
+    np.testing.assert_array_equal(val, np.arange(5, 10))
+    train, val = split_ids(np.arange(10), 0.01)  # int(0.1) = 0: everything validates
+    assert len(train) == 0 and len(val) == 10
+
+
+def test_prepare_data_message_gives_a_length_that_is_enough():
+    text = "abcdefghij" * 40
+    with pytest.raises(ValueError, match=r"^text is too short: its validation split has 40 "
+                       r"tokens, but seq_len 40 needs at least 41 in each split; use a text of "
+                       r"at least 412 characters or a shorter seq_len$"):
+        prepare_data(text, seq_len=40)
+    ok = ("abcdefghij" * 42)[:412]
+    _, train, val = prepare_data(ok, seq_len=40)  # the length the message asks for is enough
+    assert len(train) >= 41 and len(val) >= 41
+    with pytest.raises(ValueError, match=r"^text is too short: its training split has 9 tokens"):
+        prepare_data("abcdefghij", seq_len=10)  # both too short: the training split is named
+
+
+def test_load_text_unreadable(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    path = tmp_path / "t.txt"
+    path.write_text("hello")
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(ValueError, match=f"^text file '{path}' cannot be read \\(Permission "
+                       "denied\\): check its permissions$"):
+        load_text(path)
+
+
+def test_load_text_messages(tmp_path):
+    with pytest.raises(ValueError, match=f"^text file '{tmp_path / 'm.txt'}' does not exist: pass "
+                       "the path of a UTF-8 text file$"):
+        load_text(tmp_path / "m.txt")
+    with pytest.raises(ValueError, match=f"^text file '{tmp_path}' is a directory: pass the path "
+                       "of a UTF-8 text file$"):
+        load_text(tmp_path)
+    (tmp_path / "e.txt").write_bytes(b"")
+    with pytest.raises(ValueError, match=f"^text file '{tmp_path / 'e.txt'}' is empty: pass a "
+                       "text file with some text in it$"):
+        load_text(tmp_path / "e.txt")
+    (tmp_path / "l.txt").write_bytes("é".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"not UTF-8 \(byte 0xe9 at offset 0\): save it as UTF-8 "
+                       r"and try again$"):
+        load_text(tmp_path / "l.txt")
+    (tmp_path / "u.txt").write_bytes("é\n".encode())
+    assert load_text(str(tmp_path / "u.txt")) == "é\n"  # a str path works too
+
+
+def test_get_batch_messages_and_the_smallest_data():
+    with pytest.raises(TypeError, match=r"^rng must be a np\.random\.Generator, e\.g\. "
+                       r"np\.random\.default_rng\(seed\)$"):
+        get_batch(np.arange(100), 2, 8, np.random.RandomState(0))
+    with pytest.raises(ValueError, match=r"^data has 8 tokens, fewer than seq_len \+ 1 = 9$"):
+        get_batch(np.arange(8), 2, 8, np.random.default_rng(0))
+    x, y = get_batch(np.arange(9), 3, 8, np.random.default_rng(0))  # exactly one window
+    np.testing.assert_array_equal(x, np.tile(np.arange(8), (3, 1)))
+    np.testing.assert_array_equal(y, np.tile(np.arange(1, 9), (3, 1)))

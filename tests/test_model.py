@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 import xenith_edu as xe
+from xenith_edu import model
 from xenith_edu.gradcheck import check_gradient, check_model
+from xenith_edu.params import random_params
 from xenith_edu.softmax_ce import softmax_cross_entropy
 
 CONFIGS = {
@@ -20,13 +22,7 @@ def make(rng, tie_embeddings=True, n_head=2, n_layer=2, V=13, d=16, f=24, seq_le
     """A small config and non-degenerate float64 params: larger weights, gains away from one."""
     cfg = xe.Config(vocab_size=V, n_embd=d, n_head=n_head, n_layer=n_layer, ffn_hidden=f,
                     seq_len=seq_len, tie_embeddings=tie_embeddings)
-    params = {}
-    for name, shape in xe.param_shapes(cfg).items():
-        if name.startswith("rms"):
-            params[name] = 1.0 + 0.3 * rng.standard_normal(shape)
-        else:
-            params[name] = 0.4 * rng.standard_normal(shape)
-    return cfg, params
+    return cfg, random_params(cfg, rng)
 
 
 def reference_logits(params, cfg, x):
@@ -222,3 +218,89 @@ def test_forward_rejects_bad_params(small):
         xe.forward({**params, "lm_head": params["wte"]}, cfg, x)  # tied config
     with pytest.raises(TypeError, match="dtype"):
         xe.forward({**params, "wq": params["wq"].astype(np.float32)}, cfg, x)
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_recompute_gives_exactly_the_same_gradients(rng, kind):
+    cfg, params = make(rng, **CONFIGS[kind])
+    x, y = rng.integers(0, cfg.vocab_size, (2, 8)), rng.integers(0, cfg.vocab_size, (2, 8))
+    loss, grads = xe.loss_and_grads(params, cfg, x, y)
+    loss_r, grads_r = xe.loss_and_grads(params, cfg, x, y, recompute=True)
+    assert loss_r == loss
+    assert list(grads_r) == list(grads)
+    for k in grads:
+        np.testing.assert_array_equal(grads_r[k], grads[k], err_msg=k)
+    _, cache = xe.forward(params, cfg, x, recompute=True)
+    assert cache.layers == [] and len(cache.layer_inputs) == cfg.n_layer
+
+
+def _caches(obj, path="cache"):
+    """Every container inside a model cache, with its path."""
+    if isinstance(obj, np.ndarray) or isinstance(obj, (str, int)):
+        return
+    yield path, obj
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        for name, value in zip(obj._fields, obj, strict=True):
+            yield from _caches(value, f"{path}.{name}")
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            yield from _caches(value, f"{path}[{i}]")
+
+
+def test_caches_are_named_tuples(rng):
+    """Every cache of the model, down to the components', names its fields: no dicts, no
+    positional tuples (the shape tuple of SwiGLU's input is data, not a cache)."""
+    cfg, params = make(rng)
+    _, cache = xe.forward(params, cfg, rng.integers(0, cfg.vocab_size, (2, 5)))
+    for path, c in _caches(cache):
+        if path.endswith(".x_shape"):
+            continue
+        assert isinstance(c, list) or hasattr(c, "_fields"), f"{path} is a {type(c).__name__}"
+    assert isinstance(cache.layers[0].attn.attention, xe.attention.AttentionCache)
+    assert isinstance(cache.head.norm, xe.rmsnorm.RMSNormCache)
+
+
+def test_blocks_compose_into_forward_and_backward(rng):
+    """forward is embedding, layer_forward per layer and head_forward; backward their reverse."""
+    cfg, params = make(rng, tie_embeddings=False)
+    x, y = rng.integers(0, cfg.vocab_size, (2, 6)), rng.integers(0, cfg.vocab_size, (2, 6))
+    cos, sin = xe.rope.rope_tables(6, cfg.head_dim, cfg.rope_theta)
+    h = params["wte"][x].reshape(12, -1)
+    layers = []
+    for l in range(cfg.n_layer):
+        h, c = model.layer_forward(h, model.layer_params(params, l), cfg, cos, sin)
+        layers.append(c)
+    logits, head = model.head_forward(h, params, cfg)
+    want, cache = xe.forward(params, cfg, x)
+    np.testing.assert_array_equal(logits.reshape(want.shape), want)
+    _, dlogits = softmax_cross_entropy(logits, y.reshape(-1))
+    dh, grads = model.head_backward(dlogits, head)
+    assert set(grads) == {"rms_final", "lm_head"}
+    per_layer = [None] * cfg.n_layer
+    for l in reversed(range(cfg.n_layer)):
+        dh, per_layer[l] = model.layer_backward(dh, layers[l])
+    assert set(per_layer[0]) == set(model.LAYER_PARAMS)
+    grads.update({k: np.stack([g[k] for g in per_layer]) for k in model.LAYER_PARAMS})
+    grads["wte"] = xe.embedding.embedding_backward(dh.reshape(2, 6, -1),
+                                                   xe.embedding.EmbeddingCache(x, 13))
+    _, want_grads = xe.backward(params, cfg, cache, y)
+    for k, g in grads.items():
+        np.testing.assert_allclose(g, want_grads[k], rtol=1e-12, atol=1e-14, err_msg=k)
+
+
+def test_model_reexports_the_parameter_table():
+    from xenith_edu import params
+    assert xe.param_shapes is params.param_shapes and xe.init_params is params.init_params
+
+
+def test_backward_rejects_a_foreign_cache(small):
+    cfg, params = small
+    x = np.array([[1, 2]])
+    with pytest.raises(TypeError, match="cache"):
+        xe.backward(params, cfg, {"x": x}, x)
+
+
+def test_forward_rejects_half_precision(small):
+    cfg, params = small
+    with pytest.raises(TypeError, match="float32 or float64"):
+        xe.forward({k: v.astype(np.float16) for k, v in params.items()}, cfg, np.array([[1]]))

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from xenith_edu import Config
 from xenith_edu.optim import (
     adamw_step_,
     adamw_update,
@@ -13,6 +14,7 @@ from xenith_edu.optim import (
     lr_at,
     zeros_like_params,
 )
+from xenith_edu.params import PARAMS, random_params
 
 # ---------------------------------------------------------------- learning-rate schedule
 
@@ -106,9 +108,13 @@ def test_adamw_rejects_t_zero():
         adamw_update(z, z, z, z, 0, 1e-3, 0.9, 0.99, 1e-8, 0.1)
 
 
+TINY = Config(vocab_size=11, n_embd=8, n_head=2, n_layer=2, ffn_hidden=12, seq_len=4,
+              tie_embeddings=False)
+
+
 def _params(rng, dtype=np.float32):
-    shapes = {"wte": (11, 8), "rms_attn": (2, 8), "wq": (2, 8, 8), "rms_final": (8,)}
-    return {k: rng.standard_normal(s).astype(dtype) for k, s in shapes.items()}
+    """Every parameter of the table (lm_head included), random, gains away from one."""
+    return random_params(TINY, rng, dtype=dtype)
 
 
 def test_in_place_step_is_bit_identical_to_adamw_update():
@@ -134,6 +140,7 @@ def test_in_place_step_is_bit_identical_to_adamw_update():
 def test_weight_decay_applies_to_matrices_only():
     assert decays("wte") and decays("wq") and decays("w2") and decays("lm_head")
     assert not decays("rms_attn") and not decays("rms_ffn") and not decays("rms_final")
+    assert all(decays(p.name) == (p.kind != "gain") for p in PARAMS)
     params = _params(np.random.default_rng(3), np.float64)
     before = {k: p.copy() for k, p in params.items()}
     zero = zeros_like_params(params)

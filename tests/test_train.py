@@ -263,3 +263,23 @@ def test_sample_text_errors_name_the_problem():
         sample_text(params, cfg, tok, "a", 5, top_k=0)
     with pytest.raises(ValueError, match="prompt is empty"):
         sample_text(params, cfg, tok, "", 5)
+
+
+def test_recompute_trains_bit_for_bit_like_the_plain_run(tmp_path):
+    """TrainConfig.recompute keeps less memory and changes no number of the run."""
+    plain = _run(replace(TINY, steps=3), tmp_path / "plain")
+    again = _run(replace(TINY, steps=3, recompute=True), tmp_path / "recompute")
+    for k in plain.params:
+        np.testing.assert_array_equal(again.params[k], plain.params[k])
+
+
+def test_flash_attention_trains_like_the_plain_run(tmp_path):
+    """TrainConfig.attention = "flash" follows the plain run to float32 rounding."""
+    plain = _run(replace(TINY, steps=3), tmp_path / "plain")
+    flash = _run(replace(TINY, steps=3, attention="flash", flash_block=8), tmp_path / "flash")
+    assert flash.config.attention == "flash" and plain.config.attention == "plain"
+    for k in plain.params:
+        np.testing.assert_allclose(flash.params[k], plain.params[k], rtol=0, atol=1e-5)
+    assert abs(flash.val_loss - plain.val_loss) < 1e-4
+    with pytest.raises(ValueError, match="attention"):
+        replace(TINY, attention="fast")

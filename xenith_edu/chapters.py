@@ -33,6 +33,9 @@ class Chapter(NamedTuple):
 
 # The book's order, which is the order the gradient flows backward through the model.
 CHAPTERS: tuple[Chapter, ...] = (
+    Chapter("rules", "The rules of backprop", (),
+            "vector-Jacobian products and the duality table that every chapter uses",
+            numbered=False),
     Chapter("softmax_ce", "Softmax cross-entropy", ("softmax_ce",),
             "the gradient of the mean cross-entropy with respect to the logits"),
     Chapter("swiglu", "SwiGLU", ("swiglu",),
@@ -47,8 +50,14 @@ CHAPTERS: tuple[Chapter, ...] = (
             "a scatter-add of rows, and the tied embedding's two gradients"),
     Chapter("backward", "The whole backward pass", ("model", "linear", "gradcheck"),
             "the backward pass of the complete model, layer by layer"),
+    Chapter("memory", "Memory: attention without the S×S matrix", ("flash_attention",),
+            "attention's backward from the saved log-sum-exp, recomputation, the KV cache"),
     Chapter("training", "Training the model", ("data", "optim", "train", "sample"),
             "AdamW, the learning-rate schedule and the training loop"),
+    Chapter("parallel", "Many processes", ("parallel",),
+            "data-parallel training: the gradient of a mean as the mean of its shards'"),
+    Chapter("torch", "Your backward inside PyTorch", (),
+            "our backward as autograd Functions, checked against PyTorch's own gradients"),
 )
 
 _BY_SLUG = {c.slug: c for c in CHAPTERS}

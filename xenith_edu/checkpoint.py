@@ -7,46 +7,20 @@ and checked on load, so that a resumed run continues bit for bit where the saved
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 
+from .data import CharTokenizer
 from .model import Config, param_shapes
+from .util import atomic_write  # also importable from here, as before the shared writer
 
 FORMAT = "xenith-edu checkpoint 1"
 GROUPS = ("params", "m", "v")  # parameters, AdamW first and second moments
-_UMASK = os.umask(0o022)  # read the process umask (the only way is to set it) ...
-os.umask(_UMASK)  # ... and put it back at once
-_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")
-
-
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Call write(f) on a temporary file next to `path`, then rename it onto `path`.
-
-    A crash or an error mid-write leaves any previous file at `path` untouched.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+_BIT_GENERATORS = ("PCG64", "PCG64DXSM")  # the generators whose state is plain JSON
+_AGAIN = "use a checkpoint written by `xenith-edu train`"
 
 
 @dataclass
@@ -73,7 +47,14 @@ def generator_from_state(state: dict) -> np.random.Generator:
     if name not in _BIT_GENERATORS:
         raise ValueError(f"rng_state names an unknown bit generator {name!r}")
     bitgen = getattr(np.random, name)()
-    bitgen.state = state
+    try:
+        bitgen.state = state
+        same = bitgen.state == state  # a float or a missing field would be coerced silently
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, IndexError) as e:
+        raise ValueError(f"rng_state is not a valid {name} state ({type(e).__name__}: {e})") from e
+    if not same:
+        raise ValueError(f"rng_state is not a valid {name} state (it does not read back as "
+                         "saved)")
     return np.random.Generator(bitgen)
 
 
@@ -96,6 +77,10 @@ def save_checkpoint(
     """
     if set(params) != set(m) or set(params) != set(v):
         raise ValueError("params, m and v must have the same keys")
+    name = type(rng.bit_generator).__name__
+    if name not in _BIT_GENERATORS:
+        raise ValueError(f"rng uses the bit generator {name}, whose state is not plain JSON: "
+                         f"use one of {_BIT_GENERATORS}, e.g. np.random.default_rng(seed)")
     meta = {
         "format": FORMAT,
         "step": int(step),
@@ -122,10 +107,12 @@ def _bad(path: Path, why: str) -> ValueError:
 
 
 def load_checkpoint(path: str | Path, config: Config | None = None) -> Checkpoint:
-    """Read and check a checkpoint; raise ValueError saying what is wrong with it.
+    """Read and check a checkpoint; raise ValueError naming what is wrong with it.
 
-    Checks: a complete .npz written by `save_checkpoint`, every key present with the shape the
-    stored config implies, finite parameters, and (if `config` is given) the same model config.
+    Checks: a complete .npz written by `save_checkpoint`, readable metadata (format, step >= 0,
+    config, a vocabulary of vocab_size characters, a valid random state, the training settings),
+    exactly the arrays the stored config implies with their shapes and one float dtype, finite
+    parameters, and (if `config` is given) the same model config.
     """
     path = Path(path)
     if path.is_dir():
@@ -141,52 +128,82 @@ def load_checkpoint(path: str | Path, config: Config | None = None) -> Checkpoin
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise _bad(path, f"{unreadable} ({reason}): use an intact checkpoint or train "
                          "again") from e
-    if not isinstance(arrays, dict) or "meta" not in arrays:
-        raise _bad(path, f"{unreadable} (no metadata): use a checkpoint written by "
-                         "`xenith-edu train`")
-    try:
-        meta = json.loads(str(arrays.pop("meta")[()]))
-        fmt = meta.get("format")
-        step, vocab, rng_state = int(meta["step"]), meta["vocab"], meta["rng_state"]
-        stored = Config(**meta["config"])
-        train = dict(meta.get("train", {}))
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
-        raise _bad(path, f"has unreadable metadata ({type(e).__name__}: {e}): use a "
-                         "checkpoint written by `xenith-edu train`") from e
-    if fmt != FORMAT:
-        raise _bad(path, f"has format {fmt!r}, this version reads {FORMAT!r}: train again "
-                         "with this version")
-    if step < 0:
-        raise _bad(path, f"has a negative step {step}: the file is damaged")
-    if not isinstance(vocab, str) or len(vocab) != stored.vocab_size:
-        raise _bad(path, f"has a vocabulary of {len(vocab)} characters but a config with "
-                         f"vocab_size {stored.vocab_size}: the file is damaged")
-    try:
-        generator_from_state(rng_state)
-    except (ValueError, TypeError, KeyError) as e:
-        raise _bad(path, f"has a damaged random-generator state ({e})") from e
+    if "meta" not in arrays:
+        raise _bad(path, f"{unreadable} (no metadata): {_AGAIN}")
+    meta = _read_meta(path, arrays.pop("meta"))
+    stored = meta["config"]
+    _check_arrays(path, arrays, param_shapes(stored))
+    if config is not None and config != stored:
+        raise _bad(path, f"is from another model config ({config_mismatch(stored, config)}): "
+                         "resume with the settings it was trained with, or start a new run")
+    groups = {g: {k: arrays[f"{g}/{k}"] for k in param_shapes(stored)} for g in GROUPS}
+    return Checkpoint(groups["params"], groups["m"], groups["v"], meta["step"], stored,
+                      meta["vocab"], meta["rng_state"], meta["train"])
 
-    shapes = param_shapes(stored)
+
+def _read_meta(path: Path, raw: np.ndarray) -> dict:
+    """The metadata record, each field checked: a ValueError names the first bad one."""
+    try:
+        meta = json.loads(str(raw[()]))
+    except (ValueError, TypeError, IndexError) as e:
+        raise _bad(path, f"has unreadable metadata ({type(e).__name__}: {e}): {_AGAIN}") from e
+    if not isinstance(meta, dict):
+        raise _bad(path, f"has unreadable metadata (a {type(meta).__name__}, not a record): "
+                         f"{_AGAIN}")
+    missing = [k for k in ("format", "step", "config", "vocab", "rng_state") if k not in meta]
+    if missing:
+        raise _bad(path, f"has metadata without {missing}: {_AGAIN}")
+    if meta["format"] != FORMAT:
+        raise _bad(path, f"has format {meta['format']!r}, this version reads {FORMAT!r}: train "
+                         "again with this version")
+    step = meta["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise _bad(path, f"has step {step!r}, not an integer >= 0: the file is damaged")
+    try:
+        stored = Config(**meta["config"])
+    except (ValueError, TypeError) as e:
+        raise _bad(path, f"has an unreadable config ({type(e).__name__}: {e}): {_AGAIN}") from e
+    vocab = meta["vocab"]
+    if not isinstance(vocab, str):
+        raise _bad(path, f"has a vocab that is a {type(vocab).__name__}, not a str: {_AGAIN}")
+    if len(vocab) != stored.vocab_size:
+        raise _bad(path, f"has a vocab of {len(vocab)} characters but a config with vocab_size "
+                         f"{stored.vocab_size}: the file is damaged")
+    try:
+        CharTokenizer(vocab)
+    except ValueError as e:
+        raise _bad(path, f"has a damaged vocab ({e})") from e
+    try:
+        generator_from_state(meta["rng_state"])
+    except ValueError as e:
+        raise _bad(path, f"has a damaged rng_state ({e})") from e
+    train = meta.get("train", {})
+    if not isinstance(train, dict):
+        raise _bad(path, f"has training settings 'train' that are a {type(train).__name__}, "
+                         f"not a record: {_AGAIN}")
+    return {**meta, "config": stored, "train": dict(train)}
+
+
+def _check_arrays(path: Path, arrays: dict[str, np.ndarray], shapes: dict[str, tuple]) -> None:
+    """Exactly the arrays of `shapes` in every group, with those shapes, one float dtype, and
+    finite parameters."""
     expected = {f"{g}/{k}" for g in GROUPS for k in shapes}
     missing, extra = sorted(expected - set(arrays)), sorted(set(arrays) - expected)
-    if missing or extra:
-        what = f"lacks {missing[:4]}" if missing else f"has unexpected arrays {extra[:4]}"
-        raise _bad(path, f"{what} for its config: the file is damaged or from another version")
+    if missing:
+        raise _bad(path, f"lacks arrays {missing[:4]} for its config: the file is damaged or "
+                         "from another version")
+    if extra:
+        raise _bad(path, f"has unexpected arrays {extra[:4]} for its config: the file is "
+                         "damaged or from another version")
     dtype = arrays["params/wte"].dtype
-    for key, a in arrays.items():
-        shape = shapes[key.split("/", 1)[1]]
+    for key, a, shape in ((f"{g}/{k}", arrays[f"{g}/{k}"], shape) for g in GROUPS
+                          for k, shape in shapes.items()):
         if a.shape != shape:
             raise _bad(path, f"has '{key}' of shape {a.shape}, but its config implies {shape}: "
                              "the file is damaged")
         if a.dtype != dtype or dtype.kind != "f":
-            raise _bad(path, f"has '{key}' of dtype {a.dtype}; all arrays must share one float "
-                             "dtype")
-    if not all(np.isfinite(arrays[f"params/{k}"]).all() for k in shapes):
-        raise _bad(path, "has non-finite parameters: use an earlier checkpoint")
-
-    if config is not None and config != stored:
-        raise _bad(path, f"is from another model config ({config_mismatch(stored, config)}): "
-                         "resume with the settings it was trained with, or start a new run")
-    groups = {g: {k: arrays[f"{g}/{k}"] for k in shapes} for g in GROUPS}
-    return Checkpoint(groups["params"], groups["m"], groups["v"], step, stored, vocab,
-                      rng_state, train)
+            raise _bad(path, f"has '{key}' of dtype {a.dtype} and 'params/wte' of dtype "
+                             f"{dtype}: all arrays must share one float dtype")
+    bad = [k for k in shapes if not np.isfinite(arrays[f"params/{k}"]).all()]
+    if bad:
+        raise _bad(path, f"has non-finite parameters {bad[:4]}: use an earlier checkpoint")

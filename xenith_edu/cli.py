@@ -6,11 +6,15 @@ Bad input prints one line saying what is wrong and what to do, and exits non-zer
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from dataclasses import replace
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
+
+from . import settings
+from .util import one_line
 
 PROG = "xenith-edu"
 
@@ -44,41 +48,39 @@ _positive_float = _number(float, 0.0, True, "a positive number")
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand, with the help text of every option."""
-    from .train import PRESETS
-
     parser = _Parser(prog=PROG, description="Train, sample and check the tiny LLaMA-style "
                      "transformer of the xenith-edu book, in NumPy on the CPU.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_train(sub)
+    _add_others(sub)
+    _add_classroom(sub)
+    return parser
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from .train import PRESETS
 
     p = sub.add_parser("train", help="train a character-level model on a text file",
                        description="Train a model. By default: the book recipe (4 layers, "
                        "width 128, context 64, 2000 steps of AdamW) on the shipped Shakespeare. "
-                       "Writes ckpt.npz, log.jsonl and loss.png into --out.")
+                       "Writes ckpt.npz, log.jsonl and loss.png into --out. Every setting of the "
+                       "recipe is an option below (or --set name=value); an option overrides "
+                       "the preset. Under `mpiexec -n K` the K processes train one model, each "
+                       "on its share of the batch (see the \"Many processes\" chapter).")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="settings to start from: 'book' (the default, a few minutes) or "
                    "'small' (2 layers, width 64, a few seconds). With --resume, only checked "
                    "against the checkpoint's model")
-    p.add_argument("--text", metavar="FILE", default=None,
-                   help="UTF-8 text file to train on (default: the shipped Shakespeare, or the "
-                   "checkpoint's text with --resume)")
-    p.add_argument("--steps", type=_positive_int, default=None, metavar="N",
-                   help="total number of updates (default: the preset's, 2000 for book); with "
-                   "--resume, the total to reach, counting the steps already done")
-    p.add_argument("--decay-steps", type=_nonneg_int, default=None, metavar="N",
-                   help="step at which the cosine learning-rate decay reaches its minimum "
-                   "(default: the preset's; it does not follow --steps, so a run stopped early "
-                   "and resumed matches a single run)")
-    p.add_argument("--eval-every", type=_positive_int, default=None, metavar="N",
-                   help="evaluate on the fixed validation batches and save a checkpoint every "
-                   "N steps (default: the preset's, 250 for book)")
-    p.add_argument("--seed", type=_nonneg_int, default=None, metavar="S",
-                   help="seed of the initial weights and of the training batches (default 1337)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", dest="settings",
+                   help="set a setting by its name: any option of the groups below, with _ "
+                   "for -, e.g. --set lr=3e-4 --set tie_embeddings=false (repeatable)")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="run directory (default: runs/<preset>, or the checkpoint's directory "
                    "with --resume)")
     p.add_argument("--resume", metavar="CKPT", default=None,
                    help="continue from this checkpoint (a ckpt.npz or its run directory), "
-                   "exactly where it stopped")
+                   "exactly where it stopped; it keeps its settings unless an option changes "
+                   "them (the model and the seed cannot change)")
     p.add_argument("--overwrite", action="store_true",
                    help="allow a new run to replace the run already in --out")
     p.add_argument("--sample-chars", type=_nonneg_int, default=200, metavar="N",
@@ -86,8 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "0 for none)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (lines at each evaluation instead)")
+    p.add_argument("--overlap", action="store_true",
+                   help="under mpiexec: start each layer's gradient all-reduce during the "
+                   "backward pass instead of after it (same results)")
+    p.add_argument("--mpi-timeout", type=_positive_float, default=300.0, metavar="S",
+                   help="under mpiexec: seconds without progress after which a process decides "
+                   "another one has failed, and stops them all (default 300)")
+    settings.add_arguments(p)
     p.set_defaults(func=_cmd_train)
 
+
+def _add_others(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sample", help="generate text from a checkpoint",
                        description="Generate text from a trained model. The context is cropped "
                        "to the model's last seq_len characters.")
@@ -119,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the model with a separate output projection (lm_head)")
     p.set_defaults(func=_cmd_gradcheck)
 
+
+def _add_classroom(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("student", help="make student versions of the chapter notebooks",
                        description="Copy notebooks with the solutions removed and outputs "
                        "cleared.")
@@ -128,14 +141,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_student)
 
     p = sub.add_parser("grade", help="grade a directory of submitted notebooks",
-                       description="Run every submitted notebook and write one row of exercise "
-                       "results per submission.")
+                       description="Run each learner's notebooks in a sandbox, call their "
+                       "exercise functions on hidden cases, judge the answers outside the "
+                       "sandbox, and write one row per learner and exercise, with a journal "
+                       "(for --resume) and a one-page report next to the CSV.")
     p.add_argument("submissions", metavar="DIR", help="directory of submitted notebooks")
     p.add_argument("--out", metavar="CSV", required=True, help="CSV file of grades to write")
     p.add_argument("--timeout", type=_positive_float, default=None, metavar="S",
                    help="seconds allowed per notebook (default: the grader's)")
+    p.add_argument("--instructor", metavar="PATH", default=None,
+                   help="the teacher's notebook or folder of notebooks, whose check cells say "
+                   "which exercises to grade (default: the book's chapter notebooks)")
+    p.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
+                   help="learners graded at the same time (default: the number of cores)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the learners already in the journal next to --out; grade the rest")
+    p.add_argument("--memory", type=_positive_float, default=None, metavar="GIB",
+                   help="memory limit of each sandboxed process, in GiB (default 2)")
     p.set_defaults(func=_cmd_grade)
-    return parser
 
 
 def _default_prompt(vocab: str) -> str:
@@ -144,52 +167,25 @@ def _default_prompt(vocab: str) -> str:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .checkpoint import config_mismatch, load_checkpoint
     from .perf import keep_freed_memory
     from .sample import sample_text
-    from .train import PRESETS, TrainConfig, train
+    from .train import train
 
     keep_freed_memory()  # no page faults on the step's arrays (see xenith_edu/perf.py)
+    ranks = _ranks(args.overlap, args.mpi_timeout)
 
-    if args.resume is not None:
-        ckpt = load_checkpoint(args.resume)
-        tc = TrainConfig.from_dict(ckpt.train)
-        if args.preset is not None:
-            want = PRESETS[args.preset].model_config(ckpt.config.vocab_size)
-            if want != ckpt.config:
-                raise ValueError(f"checkpoint '{args.resume}' is from another model config than "
-                                 f"--preset {args.preset} ({config_mismatch(ckpt.config, want)})"
-                                 ": drop --preset to resume it, or start a new run with --out")
-        if args.seed is not None and args.seed != tc.seed:
-            raise ValueError(f"--seed {args.seed} differs from the checkpoint's seed {tc.seed}: "
-                             "a resumed run keeps its seed; drop --seed")
-        if args.steps is None and ckpt.step >= tc.steps:
-            raise ValueError(f"checkpoint '{args.resume}' finished its {tc.steps} steps: pass "
-                             f"--steps greater than {ckpt.step} to train further")
-        if args.steps is not None and args.steps <= ckpt.step:
-            raise ValueError(f"checkpoint '{args.resume}' is already at step {ckpt.step}: pass "
-                             f"--steps greater than {ckpt.step} to train further")
-        resume_path = Path(args.resume)
-        out = args.out or (resume_path if resume_path.is_dir() else resume_path.parent)
-    else:
-        preset = args.preset or "book"
-        tc = PRESETS[preset]
-        if args.seed is not None:
-            tc = replace(tc, seed=args.seed)
-        out = args.out or str(Path("runs") / preset)
-    if args.text is not None:
-        tc = replace(tc, text=str(Path(args.text).resolve()))
-    if args.steps is not None:
-        tc = replace(tc, steps=args.steps)
-    if args.decay_steps is not None:
-        tc = replace(tc, decay_steps=args.decay_steps)
-    if args.eval_every is not None:
-        tc = replace(tc, eval_every=args.eval_every)
+    def run():
+        tc, out = settings.train_config(args)
+        return train(tc, out, resume=args.resume, overwrite=args.overwrite,
+                     progress=False if args.no_progress else None, ranks=ranks)
 
-    result = train(tc, out, resume=args.resume, overwrite=args.overwrite,
-                   progress=False if args.no_progress else None)
+    result = run() if ranks is None else ranks.run(run, lambda e: _report("train", e), _status)
+    if ranks is not None and not ranks.is_root:
+        return 0  # only rank 0 writes and prints
+    comm = "" if ranks is None else (f" ({len(ranks)} processes; all-reduce "
+                                     f"{result.comm_ms_per_step:.1f} ms of it)")
     print(f"final validation loss {result.val_loss:.4f} (training {result.train_loss:.4f}) "
-          f"after {result.step} steps; {result.ms_per_step:.1f} ms per step; "
+          f"after {result.step} steps; {result.ms_per_step:.1f} ms per step{comm}; "
           f"{result.seconds:.0f} s in all")
     if args.sample_chars:
         print("sample:")
@@ -197,6 +193,21 @@ def _cmd_train(args: argparse.Namespace) -> int:
                           _default_prompt(result.tokenizer.vocab),
                           args.sample_chars, temperature=0.8, seed=0))
     return 0
+
+
+def _ranks(overlap: bool, timeout: float):
+    """The data-parallel ranks when an MPI launcher started us, else None (one process)."""
+    from . import parallel
+
+    if parallel.launched_by_mpi():
+        return parallel.DataParallel.from_world(overlap, timeout)
+    if parallel.srun_without_mpi():
+        raise ValueError("srun started several tasks without MPI: each would train alone and "
+                         "write the same run folder; use srun --mpi=pmix (or --mpi=pmi2)")
+    if overlap:
+        raise settings.UsageError("--overlap applies to a run of several processes: launch "
+                                  "it with mpiexec -n K xenith-edu train ...")
+    return None
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
@@ -215,16 +226,15 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
 def _cmd_gradcheck(args: argparse.Namespace) -> int:
     from .gradcheck import check_model
-    from .model import Config, init_params
+    from .model import Config
+    from .params import random_params
 
     # a tiny model, so finite differences are quick: 2 layers, 2 heads of width 8
     cfg = Config(vocab_size=13, n_embd=16, n_head=2, n_layer=2, ffn_hidden=24, seq_len=6,
                  tie_embeddings=not args.untied)
-    params = init_params(cfg, args.seed, np.float64)
     rng = np.random.default_rng(args.seed)
     # non-degenerate: gains away from one, weights larger than init so every path matters
-    for k, p in params.items():
-        params[k] = p + 0.1 * rng.standard_normal(p.shape) if k.startswith("rms") else p * 10
+    params = random_params(cfg, rng)
     x = rng.integers(0, cfg.vocab_size, size=(3, cfg.seq_len))  # (B, S)
     y = rng.integers(0, cfg.vocab_size, size=(3, cfg.seq_len))  # (B, S)
     results = check_model(params, cfg, x, y, n_coords=args.coords, seed=args.seed)
@@ -254,31 +264,50 @@ def _cmd_student(args: argparse.Namespace) -> int:
 def _cmd_grade(args: argparse.Namespace) -> int:
     from . import classroom  # written separately; imported only when asked for
 
-    rows = classroom.grade(Path(args.submissions), Path(args.out), args.timeout) or []
+    given = {"instructor": args.instructor, "jobs": args.jobs, "resume": args.resume or None,
+             "memory": None if args.memory is None else int(args.memory * 2**30)}
+    rows = classroom.grade(Path(args.submissions), Path(args.out), args.timeout,
+                           **{k: v for k, v in given.items() if v is not None}) or []
     passed = sum(1 for r in rows if r.get("status") == "passed")
     print(f"wrote {len(rows)} grade row(s), {passed} passed, to {args.out}")
     return 0
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
+def _status(e: BaseException) -> int:
+    """The exit status for error `e`: 2 for a usage error (as argparse's), 130 for Ctrl-C."""
+    if isinstance(e, KeyboardInterrupt):
+        return 130
+    return 2 if isinstance(e, settings.UsageError) else 1
+
+
+def _report(command: str, e: BaseException) -> int:
+    """Print the one line of error `e` on stderr; return its exit status."""
+    if isinstance(e, KeyboardInterrupt):
+        print(f"{PROG} {command}: interrupted; the last checkpoint (if any) is intact",
+              file=sys.stderr)
+    else:
+        see = f" (see {PROG} {command} --help)" if isinstance(e, settings.UsageError) else ""
+        print(f"{PROG} {command}: error: {one_line(e)}{see}", file=sys.stderr)
+    return _status(e)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line on `argv` (default sys.argv[1:]); return the exit status."""
+    from .parallel import Stopped, launcher_rank
     from .train import TrainingDiverged
 
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        if launcher_rank() not in (None, 0):  # under mpiexec, rank 0 alone prints usage
+            with open(os.devnull, "w") as quiet, redirect_stdout(quiet), redirect_stderr(quiet):
+                args = parser.parse_args(argv)
+        else:
+            args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a usage error, already printed on one line (2)
         return int(e.code or 0)
     try:
         return args.func(args)
-    except (ValueError, OSError, TrainingDiverged) as e:
-        print(f"{PROG} {args.command}: error: {_one_line(e)}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{PROG} {args.command}: interrupted; the last checkpoint (if any) is intact",
-              file=sys.stderr)
-        return 130
+    except Stopped as e:  # a data-parallel run stopped; one rank has printed why
+        return e.code
+    except (ValueError, OSError, TrainingDiverged, KeyboardInterrupt) as e:
+        return _report(args.command, e)

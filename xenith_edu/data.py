@@ -1,6 +1,6 @@
 """Character-level data: a tokenizer, the text file it reads, and random training windows.
 
-The trainer's first step (chapter 8): text -> token ids -> (x, y) batches of next-character targets.
+The trainer's first step (the Training the model chapter): text -> ids -> (x, y) batches.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def prepare_data(
              if len(s) < need]
     if short:
         name, n = short[0]
-        at_least = int(np.ceil(need / (1.0 - TRAIN_FRACTION))) + 1
+        at_least = int(np.ceil(need / (1.0 - TRAIN_FRACTION))) + 1  # enough for both splits
         raise ValueError(
             f"text is too short: its {name} split has {n} tokens, but seq_len {seq_len} needs "
             f"at least {need} in each split; use a text of at least {at_least} characters "

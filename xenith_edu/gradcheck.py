@@ -1,6 +1,6 @@
 """Gradient checking: analytic gradients against central finite differences in float64.
 
-The book's chapters and the tests use these same functions; chapter 1 explains the method.
+Every chapter and test uses these functions; the Softmax cross-entropy chapter explains the method.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def numerical_gradient(
     order 4: (4 D(h) - D(2h)) / 3, which cancels the h**2 term (Richardson), error O(h**4).
     In float64 the fourth-order rule with h = 1e-3 is about a hundred times more accurate
     than the second-order one at its best step (about 1e-5): rounding costs 1e-16 |f| / h,
-    so a larger step is cheaper, and the h**4 truncation stays tiny. Chapter 1 shows both.
+    so a larger step is cheaper, and the h**4 truncation stays tiny. The Softmax cross-entropy
+    chapter shows both.
     `x` must be float64; it is perturbed in a private copy and never changed.
     Returns an array shaped like x (zeros where not evaluated).
     """
@@ -120,9 +121,9 @@ def check_gradient(
                          f"x has {x.shape}")
     idx = sample_indices(x.shape, n_coords, rng)
     numeric = numerical_gradient(f, x, idx, h, order)
-    a = np.array([analytic[i] for i in idx], dtype=np.float64)
-    n = np.array([numeric[i] for i in idx], dtype=np.float64)
-    err = rel_error(a, n, floor)
+    a = np.array([analytic[i] for i in idx])  # (n,) analytic and numeric values side by side
+    n = np.array([numeric[i] for i in idx])  # (n,) float64, as numerical_gradient computes
+    err = rel_error(a, n, floor)  # (n,) in float64, whatever analytic's dtype
     w = int(np.argmax(err))
     return GradCheck(name, float(err[w]), idx[w], float(a[w]), float(n[w]), len(idx), tol)
 
@@ -140,7 +141,7 @@ def check_model(
     """The whole-model check: `n_coords` sampled coordinates of every parameter.
 
     `params` must be float64. Returns one GradCheck per parameter, in the contract's order.
-    See chapter 7 (the whole backward pass).
+    See the whole backward pass chapter.
     """
     from .model import forward, loss_and_grads, param_shapes
     from .softmax_ce import softmax_cross_entropy

@@ -1,22 +1,48 @@
 """The whole model: a tiny LLaMA-style decoder, its forward pass and its backward pass.
 
-Chapter 7 of the book assembles it from the six component chapters; backward mirrors forward.
+The whole backward pass chapter assembles it from the component chapters, as llm.c's
+`gpt2_forward` and `gpt2_backward` do: paired block functions, each `*_forward -> (out, cache)`
+and `*_backward(dout, cache) -> (din, grads)`; `forward` calls them layer by layer, `backward`
+in reverse, and each cache is a NamedTuple that keeps what its backward needs and no more.
+
+Where inputs are checked: at the boundaries only. `Config` checks the sizes; `forward`,
+`backward` and `loss_and_grads` check the parameters (keys, shapes, one float32 or float64
+dtype) and the tokens (integer ids in [0, V), shape (B, S) with S <= seq_len, targets shaped
+like the inputs); the command line and `load_checkpoint` check what they read. The component
+functions (softmax_ce, swiglu, rmsnorm, attention, rope, embedding, linear) and the block
+functions below trust their inputs: they do the arithmetic and nothing else.
+
+Speed: the large arrays come from `xenith_edu.workspace`, which reuses them from one call to the
+next (no page faults, no process setting); benchmarks/README.md has the measured figures.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from .attention import causal_attention_backward, causal_attention_forward
-from .embedding import embedding_backward, embedding_forward
-from .linear import linear_backward, linear_forward
-from .rmsnorm import rmsnorm_backward, rmsnorm_forward
-from .rope import rope_backward, rope_forward, rope_tables
+from .attention import AttentionCache, causal_attention_backward, causal_attention_forward
+from .embedding import EmbeddingCache, embedding_backward, embedding_forward
+from .flash_attention import FlashCache, flash_attention_backward, flash_attention_forward
+from .linear import LinearCache, linear_backward, linear_forward
+from .params import LAYER_PARAMS, init_params, param_shapes
+from .rmsnorm import RMSNormCache, rmsnorm_backward, rmsnorm_forward
+from .rope import RopeCache, rope_backward, rope_forward, rope_tables
 from .softmax_ce import softmax_cross_entropy
-from .swiglu import swiglu_backward, swiglu_forward
+from .swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
+from .workspace import empty, empty_like
+
+__all__ = [
+    "AttentionBlockCache", "Config", "HeadCache", "LayerCache", "ModelCache", "SwiGLUBlockCache",
+    "attention_block_backward", "attention_block_forward", "backward", "forward", "head_backward",
+    "head_forward", "init_params", "layer_backward", "layer_forward", "layer_params",
+    "loss_and_grads", "merge_heads", "param_shapes", "split_heads", "swiglu_block_backward",
+    "swiglu_block_forward",
+]
 
 # Shape legend: B batch, S positions, N = B*S, d width, H heads, hd = d // H head width,
 # f SwiGLU hidden, V vocab, L layers. The residual stream h is kept flat as (N, d).
@@ -40,11 +66,14 @@ class Config:
     tie_embeddings: bool = True
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    attention: str = "plain"  # "flash": blockwise, no (S, S) array (see the memory chapter)
+    flash_block: int = 64  # positions per block of the flash attention
 
     def __post_init__(self) -> None:
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", default_ffn_hidden(self.n_embd))
-        for name in ("vocab_size", "n_embd", "n_head", "n_layer", "ffn_hidden", "seq_len"):
+        for name in ("vocab_size", "n_embd", "n_head", "n_layer", "ffn_hidden", "seq_len",
+                     "flash_block"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"Config.{name} must be an int, got {type(value).__name__}")
@@ -65,6 +94,8 @@ class Config:
             raise ValueError(f"Config.rope_theta must be positive, got {self.rope_theta}")
         if not self.norm_eps > 0:
             raise ValueError(f"Config.norm_eps must be positive, got {self.norm_eps}")
+        if self.attention not in ("plain", "flash"):
+            raise ValueError(f"Config.attention must be 'plain' or 'flash', got {self.attention!r}")
 
     @property
     def head_dim(self) -> int:
@@ -74,38 +105,7 @@ class Config:
         return asdict(self)
 
 
-def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """The parameter keys and shapes of the contract's table, in forward order."""
-    V, d, L, f = cfg.vocab_size, cfg.n_embd, cfg.n_layer, cfg.ffn_hidden
-    shapes = {
-        "wte": (V, d),
-        "rms_attn": (L, d),
-        "wq": (L, d, d),
-        "wk": (L, d, d),
-        "wv": (L, d, d),
-        "wo": (L, d, d),
-        "rms_ffn": (L, d),
-        "w1": (L, d, f),
-        "w3": (L, d, f),
-        "w2": (L, f, d),
-        "rms_final": (d,),
-    }
-    if not cfg.tie_embeddings:
-        shapes["lm_head"] = (V, d)
-    return shapes
-
-
-def init_params(cfg: Config, seed: int = 0, dtype: type = np.float32) -> dict[str, np.ndarray]:
-    """Weights drawn from N(0, 0.02**2), RMSNorm gains set to one."""
-    rng = np.random.default_rng(seed)
-    params = {}
-    for name, shape in param_shapes(cfg).items():
-        if name.startswith("rms"):
-            params[name] = np.ones(shape, dtype=dtype)
-        else:
-            params[name] = (0.02 * rng.standard_normal(shape)).astype(dtype)
-    return params
-
+# -- the boundary: the only place where inputs are checked ---------------------------------
 
 def _check_params(params: dict, cfg: Config) -> np.dtype:
     if not isinstance(params, dict):
@@ -117,15 +117,16 @@ def _check_params(params: dict, cfg: Config) -> np.dtype:
     extra = [k for k in params if k not in shapes]
     if extra:
         raise ValueError(f"params has keys {extra} that this config does not use")
-    dtype = params["wte"].dtype
+    dtype = getattr(params["wte"], "dtype", None)
     for k, shape in shapes.items():
         p = params[k]
         if not isinstance(p, np.ndarray):
             raise TypeError(f"params['{k}'] must be a NumPy array, got {type(p).__name__}")
         if p.shape != shape:
             raise ValueError(f"params['{k}'] has shape {p.shape}, the config expects {shape}")
-        if p.dtype != dtype or dtype.kind != "f":
-            raise TypeError(f"params['{k}'] has dtype {p.dtype}; all must share one float dtype")
+        if p.dtype != dtype or dtype not in (np.float32, np.float64):
+            raise TypeError(f"params['{k}'] has dtype {p.dtype}; all must share one dtype, "
+                            "float32 or float64")
     return dtype
 
 
@@ -146,121 +147,297 @@ def _check_tokens(name: str, t: object, cfg: Config) -> np.ndarray:
     return t
 
 
-def _split_heads(u: np.ndarray, B: int, S: int, H: int) -> np.ndarray:
-    return u.reshape(B, S, H, -1).transpose(0, 2, 1, 3)  # (N, d) -> (B, H, S, hd)
+def _check_targets(y: object, x: np.ndarray, cfg: Config) -> np.ndarray:
+    if isinstance(y, np.ndarray) and y.shape != x.shape:
+        raise ValueError(f"y has shape {y.shape}, but the inputs x have shape {x.shape}")
+    return _check_tokens("y", y, cfg)
 
 
-def _merge_heads(u: np.ndarray) -> np.ndarray:
+# -- heads: the stream's rows regrouped by sequence, head and position ----------------------
+
+def split_heads(u: np.ndarray, B: int, S: int, H: int) -> np.ndarray:
+    """(N, H*hd) -> (B, H, S, hd): the columns of head j are j*hd:(j+1)*hd. A view."""
+    return u.reshape(B, S, H, -1).transpose(0, 2, 1, 3)
+
+
+def merge_heads(u: np.ndarray) -> np.ndarray:
+    """(B, H, S, hd) -> (N, H*hd), the inverse of `split_heads` (a copy)."""
     B, H, S, hd = u.shape
-    return u.transpose(0, 2, 1, 3).reshape(B * S, H * hd)  # (B, H, S, hd) -> (N, d)
+    out = empty((B, S, H, hd), u.dtype)
+    np.copyto(out, u.transpose(0, 2, 1, 3))
+    return out.reshape(B * S, H * hd)
 
 
-def forward(params: dict, cfg: Config, x: np.ndarray) -> tuple[np.ndarray, dict]:
+def layer_params(params: dict, l: int) -> dict[str, np.ndarray]:
+    """Layer l's slice of each (L, ...) stack: {"rms_attn": (d,), "wq": (d, d), ...}, views."""
+    return {name: params[name][l] for name in LAYER_PARAMS}
+
+
+# -- the attention block: h + attention_block(h) --------------------------------------------
+
+class AttentionBlockCache(NamedTuple):
+    """What `attention_block_backward` needs, step by step in reverse."""
+
+    norm: RMSNormCache  # xb = rmsnorm(h, rms_attn): xhat, rstd and the gain
+    qkv: LinearCache  # qkv = xb @ [wq | wk | wv]: both factors of the one fused product
+    rope: RopeCache  # q, k = rope(q), rope(k): the tables, to rotate dq and dk back
+    attention: AttentionCache | FlashCache  # a = attention(q, k, v): rotated q, k, v and the
+    # weights (B, H, S, S), or with flash attention the output and its log-sum-exp (B, H, S)
+    out: LinearCache  # out = merge_heads(a) @ wo: both factors
+
+
+def attention_block_forward(
+    h: np.ndarray, p: dict, cfg: Config, cos: np.ndarray, sin: np.ndarray
+) -> tuple[np.ndarray, AttentionBlockCache]:
+    """The attention branch of one layer: merge_heads(attention(rope(q), rope(k), v)) @ wo,
+    with q, k, v the products of rmsnorm(h, rms_attn) with wq, wk and wv.
+
+    h is the stream (N, d), N = B*S; p the layer's parameters (`layer_params`); cos and sin
+    (S, hd/2) the RoPE tables of exactly the S positions. Returns `(out, cache)`, out (N, d).
+    """
+    S, H, d = cos.shape[0], cfg.n_head, h.shape[1]
+    B = h.shape[0] // S
+    xb, norm = rmsnorm_forward(h, p["rms_attn"], cfg.norm_eps)  # (N, d)
+    # q, k, v = xb @ wq, xb @ wk, xb @ wv, as one product with [wq | wk | wv]
+    wqkv = np.concatenate((p["wq"], p["wk"], p["wv"]), axis=1, out=empty((d, 3 * d), h.dtype))
+    qkv, qkv_cache = linear_forward(xb, wqkv)  # (N, 3d)
+    qkv = split_heads(qkv, B, S, 3 * H)  # (B, 3H, S, hd): the heads of q, then of k, then of v
+    qk, rope = rope_forward(qkv[:, : 2 * H], cos, sin)  # (B, 2H, S, hd) rope(q), rope(k)
+    q, k, v = qk[:, :H], qk[:, H:], qkv[:, 2 * H :]  # (B, H, S, hd) each
+    if cfg.attention == "flash":  # the same values, without the (S, S) weights
+        a, attention = flash_attention_forward(q, k, v, cfg.flash_block)  # (B, H, S, hd)
+    else:
+        a, attention = causal_attention_forward(q, k, v)  # (B, H, S, hd)
+    out, out_cache = linear_forward(merge_heads(a), p["wo"])  # (N, d)
+    return out, AttentionBlockCache(norm, qkv_cache, rope, attention, out_cache)
+
+
+def attention_block_backward(
+    dout: np.ndarray, cache: AttentionBlockCache
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The attention branch in reverse: `(dh, grads)` given dout (N, d), where dh (N, d) is the
+    branch's part of the stream's gradient and grads holds rms_attn, wq, wk, wv and wo."""
+    B, H, S, hd = cache.attention.q.shape
+    # out = merge_heads(a) @ wo
+    dam, dwo = linear_backward(dout, cache.out)  # (N, d), (d, d)
+    da = split_heads(dam, B, S, H)  # (B, H, S, hd)
+    # a = attention(q, k, v)
+    if isinstance(cache.attention, FlashCache):
+        dq, dk, dv = flash_attention_backward(da, cache.attention)  # (B, H, S, hd) each
+    else:
+        dq, dk, dv = causal_attention_backward(da, cache.attention)  # (B, H, S, hd) each
+    # q, k = rope(q), rope(k): rotate their gradients back by the opposite angle
+    dq, dk = rope_backward(dq, cache.rope), rope_backward(dk, cache.rope)  # (B, H, S, hd)
+    # the heads of q, k, v = split_heads(qkv): merge the three back into [dq | dk | dv] (N, 3d)
+    dqkv = empty((B, S, 3, H, hd), dout.dtype)
+    for i, g in enumerate((dq, dk, dv)):
+        np.copyto(dqkv[:, :, i], g.transpose(0, 2, 1, 3))  # (B, S, H, hd)
+    dqkv = dqkv.reshape(B * S, 3 * H * hd)  # (N, 3d)
+    # qkv = xb @ [wq | wk | wv]: xb fans out to q, k and v, so dxb sums the three paths.
+    dxb, dwqkv = linear_backward(dqkv, cache.qkv)  # (N, d), (d, 3d)
+    dwq, dwk, dwv = np.split(dwqkv, 3, axis=1)  # (d, d) each
+    # xb = rmsnorm(h, rms_attn)
+    dh, drms = rmsnorm_backward(dxb, cache.norm)  # (N, d), (d,)
+    return dh, {"rms_attn": drms, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo}
+
+
+# -- the SwiGLU block: h + swiglu_block(h) --------------------------------------------------
+
+class SwiGLUBlockCache(NamedTuple):
+    """What `swiglu_block_backward` needs: the two component caches, unopened."""
+
+    norm: RMSNormCache  # x2b = rmsnorm(h, rms_ffn)
+    swiglu: SwiGLUCache  # out = swiglu(x2b, w1, w3, w2)
+
+
+def swiglu_block_forward(
+    h: np.ndarray, p: dict, cfg: Config
+) -> tuple[np.ndarray, SwiGLUBlockCache]:
+    """The feed-forward branch of one layer: swiglu(rmsnorm(h, rms_ffn), w1, w3, w2).
+
+    h is the stream (N, d), p the layer's parameters. Returns `(out, cache)`, out (N, d).
+    """
+    x2b, norm = rmsnorm_forward(h, p["rms_ffn"], cfg.norm_eps)  # (N, d)
+    out, swiglu = swiglu_forward(x2b, p["w1"], p["w3"], p["w2"])  # (N, d)
+    return out, SwiGLUBlockCache(norm, swiglu)
+
+
+def swiglu_block_backward(
+    dout: np.ndarray, cache: SwiGLUBlockCache
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The feed-forward branch in reverse: `(dh, grads)`, grads holding rms_ffn, w1, w3, w2."""
+    # out = swiglu(x2b, w1, w3, w2)
+    dx2b, dw1, dw3, dw2 = swiglu_backward(dout, cache.swiglu)  # (N, d) and the three weights
+    # x2b = rmsnorm(h, rms_ffn)
+    dh, drms = rmsnorm_backward(dx2b, cache.norm)  # (N, d), (d,)
+    return dh, {"rms_ffn": drms, "w1": dw1, "w3": dw3, "w2": dw2}
+
+
+# -- one layer: the two blocks and their residual connections --------------------------------
+
+class LayerCache(NamedTuple):
+    """What `layer_backward` needs: the caches of the layer's two blocks."""
+
+    attn: AttentionBlockCache
+    ffn: SwiGLUBlockCache
+
+
+def layer_forward(
+    h: np.ndarray, p: dict, cfg: Config, cos: np.ndarray, sin: np.ndarray
+) -> tuple[np.ndarray, LayerCache]:
+    """One layer on the stream h (N, d): each block reads it and adds its output back."""
+    out, attn = attention_block_forward(h, p, cfg, cos, sin)  # (N, d)
+    h = np.add(h, out, out=out)  # residual connection h + out (out is ours: its memory is reused)
+    out, ffn = swiglu_block_forward(h, p, cfg)  # (N, d)
+    h = np.add(h, out, out=out)  # residual connection
+    return h, LayerCache(attn, ffn)
+
+
+def layer_backward(
+    dh: np.ndarray, cache: LayerCache
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """One layer in reverse, SwiGLU block first: the stream's gradient below the layer, and the
+    gradients of the layer's parameters."""
+    # h = h + swiglu_block(h): the stream passes dh on unchanged, the block adds its part.
+    dx, grads = swiglu_block_backward(dh, cache.ffn)
+    dh = np.add(dh, dx, out=dx)  # dh + dx, written over dx (ours)
+    # h = h + attention_block(h)
+    dx, grads_attn = attention_block_backward(dh, cache.attn)
+    dh = np.add(dh, dx, out=dx)
+    return dh, {**grads_attn, **grads}
+
+
+# -- the head: final RMSNorm and output projection -----------------------------------------
+
+class HeadCache(NamedTuple):
+    """What `head_backward` needs."""
+
+    norm: RMSNormCache  # xf = rmsnorm(h, rms_final)
+    xf: np.ndarray  # (N, d) the input of the output projection: for dw_out = dlogits.T @ xf
+    w_out: np.ndarray  # (V, d) the output projection (wte when tied): for dxf = dlogits @ w_out
+    w_out_name: str  # "wte" when the embeddings are tied, else "lm_head": whose gradient it is
+
+
+def head_forward(h: np.ndarray, params: dict, cfg: Config) -> tuple[np.ndarray, HeadCache]:
+    """The top of the model on the stream h (N, d): logits (N, V) = rmsnorm(h) @ w_out.T."""
+    xf, norm = rmsnorm_forward(h, params["rms_final"], cfg.norm_eps)  # (N, d)
+    name = "wte" if cfg.tie_embeddings else "lm_head"
+    w_out = params[name]  # (V, d)
+    logits = np.matmul(xf, w_out.T, out=empty((xf.shape[0], w_out.shape[0]), xf.dtype))  # (N, V)
+    return logits, HeadCache(norm, xf, w_out, name)
+
+
+def head_backward(
+    dlogits: np.ndarray, cache: HeadCache
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The head in reverse: `(dh, grads)` given dlogits (N, V); grads holds rms_final and the
+    output projection's gradient (V, d), under "wte" when tied, else under "lm_head"."""
+    # logits = xf @ w_out.T: rules 1 and 2 of the notation page, with w_out transposed
+    dw_out = np.matmul(dlogits.T, cache.xf, out=empty_like(cache.w_out))  # (V, d)
+    dxf = np.matmul(dlogits, cache.w_out, out=empty_like(cache.xf))  # (N, d)
+    # xf = rmsnorm(h, rms_final)
+    dh, drms = rmsnorm_backward(dxf, cache.norm)  # (N, d), (d,)
+    return dh, {"rms_final": drms, cache.w_out_name: dw_out}
+
+
+# -- the whole model -----------------------------------------------------------------------
+
+class ModelCache(NamedTuple):
+    """What `backward` needs: the tokens, the rope tables, the caches of every step, the logits.
+
+    With `recompute=True` only each layer's input is kept (`layer_inputs`), and `layers` is
+    empty: the backward pass runs each layer's forward again just before going back through it.
+    """
+
+    x: np.ndarray  # (B, S) the tokens: the targets must have their shape
+    embedding: EmbeddingCache  # h = wte[x]
+    cos: np.ndarray  # (S, hd/2) the RoPE tables in the parameters' dtype: to recompute a layer
+    sin: np.ndarray  # (S, hd/2)
+    layers: list[LayerCache]  # one cache per layer, in forward order
+    layer_inputs: list[np.ndarray]  # (N, d) per layer, kept instead when recomputing
+    head: HeadCache
+    logits: np.ndarray  # (B, S, V): the loss is computed from them in `backward`
+
+
+def forward(
+    params: dict, cfg: Config, x: np.ndarray, recompute: bool = False
+) -> tuple[np.ndarray, ModelCache]:
     """Logits (B, S, V) for tokens `x` (B, S), and the cache that `backward` needs.
 
-    See chapter 7 (the whole backward pass).
+    With `recompute=True` the cache keeps only each layer's input (see `ModelCache`). See the
+    whole backward pass chapter.
     """
     dtype = _check_params(params, cfg)
     x = _check_tokens("x", x, cfg)
     B, S = x.shape
-    H, eps = cfg.n_head, cfg.norm_eps
     cos, sin = rope_tables(S, cfg.head_dim, cfg.rope_theta)
     cos, sin = cos.astype(dtype), sin.astype(dtype)  # (S, hd/2)
 
-    h = embedding_forward(params["wte"], x).reshape(B * S, -1)  # (N, d) residual stream
-    layers = []
+    h, embedding = embedding_forward(params["wte"], x)  # (B, S, d)
+    h = h.reshape(B * S, cfg.n_embd)  # (N, d) the residual stream
+    layers, layer_inputs = [], []
     for l in range(cfg.n_layer):
-        # attention block: h = h + merge_heads(attn(rope(q), rope(k), v)) @ wo
-        xb, rms1 = rmsnorm_forward(h, params["rms_attn"][l], eps)  # (N, d)
-        # q, k, v = xb @ wq, xb @ wk, xb @ wv, as one product with [wq | wk | wv]
-        wqkv = np.concatenate((params["wq"][l], params["wk"][l], params["wv"][l]), axis=1)
-        qkv, _ = linear_forward(xb, wqkv)  # (N, 3d); its cache is (xb, wqkv), kept below
-        qkv = _split_heads(qkv, B, S, 3 * H)  # (B, 3H, S, hd): heads of q, then k, v
-        qk = rope_forward(qkv[:, : 2 * H], cos, sin)  # (B, 2H, S, hd) rope(q), rope(k)
-        q, k, v = qk[:, :H], qk[:, H:], qkv[:, 2 * H :]  # (B, H, S, hd) each
-        a, att = causal_attention_forward(q, k, v)  # (B, H, S, hd)
-        am = _merge_heads(a)  # (N, d)
-        attn_out, _ = linear_forward(am, params["wo"][l])  # (N, d); its cache is (am, wo)
-        h = h + attn_out
-        # feed-forward block: h = h + swiglu(rmsnorm(h))
-        x2b, rms2 = rmsnorm_forward(h, params["rms_ffn"][l], eps)  # (N, d)
-        ffn_out, ffn = swiglu_forward(x2b, params["w1"][l], params["w3"][l], params["w2"][l])
-        h = h + ffn_out
-        # per layer, backward needs: the two norms' caches, xb and wqkv (the q, k, v product),
-        # the attention cache (q, k, v after RoPE, att), am (input of wo), the SwiGLU cache.
-        layers.append({"rms1": rms1, "xb": xb, "wqkv": wqkv, "att": att, "am": am,
-                       "rms2": rms2, "ffn": ffn})
-    xf, rmsf = rmsnorm_forward(h, params["rms_final"], eps)  # (N, d)
-    w_out = params["wte"] if cfg.tie_embeddings else params["lm_head"]  # (V, d)
-    logits = (xf @ w_out.T).reshape(B, S, -1)  # (B, S, V)
-    cache = {"x": x, "cos": cos, "sin": sin, "layers": layers, "rmsf": rmsf, "xf": xf,
-             "logits": logits}
-    return logits, cache
+        if recompute:
+            layer_inputs.append(h)
+            h, _ = layer_forward(h, layer_params(params, l), cfg, cos, sin)
+        else:
+            h, layer = layer_forward(h, layer_params(params, l), cfg, cos, sin)
+            layers.append(layer)
+    logits, head = head_forward(h, params, cfg)  # (N, V)
+    logits = logits.reshape(B, S, -1)  # (B, S, V)
+    return logits, ModelCache(x, embedding, cos, sin, layers, layer_inputs, head, logits)
 
 
-def backward(params: dict, cfg: Config, cache: dict, y: np.ndarray) -> tuple[float, dict]:
+def backward(
+    params: dict, cfg: Config, cache: ModelCache, y: np.ndarray,
+    on_layer: Callable[[int, dict[str, np.ndarray]], None] | None = None,
+) -> tuple[float, dict[str, np.ndarray]]:
     """Mean loss on targets `y` (B, S) and the gradient of every parameter.
 
-    The forward pass in reverse, one component function per step. See chapter 7.
+    The forward pass in reverse, block by block. See the whole backward pass chapter.
+    `on_layer(l, grads_l)`, if given, is called as soon as layer l's gradients are known: a
+    data-parallel run starts their all-reduce there (see the "Many processes" chapter).
     """
-    x = cache["x"]
-    y = _check_tokens("y", y, cfg)
-    if y.shape != x.shape:
-        raise ValueError(f"y has shape {y.shape}, but the inputs x have shape {x.shape}")
-    B, S = x.shape
-    H, V = cfg.n_head, cfg.vocab_size
-    cos, sin = cache["cos"], cache["sin"]
-    grads = {}
+    if not isinstance(cache, ModelCache):
+        raise TypeError(f"cache must be the ModelCache that forward returned, "
+                        f"got {type(cache).__name__}")
+    y = _check_targets(y, cache.x, cfg)
+    B, S = y.shape
 
     # loss = mean -log softmax(logits)[y]
-    loss, dlogits = softmax_cross_entropy(cache["logits"], y)  # (B, S, V)
-    dlogits = dlogits.reshape(B * S, V)  # (N, V)
-    # logits = xf @ w_out.T
-    w_out = params["wte"] if cfg.tie_embeddings else params["lm_head"]
-    dw_out = dlogits.T @ cache["xf"]  # (V, d)
-    dxf = dlogits @ w_out  # (N, d)
-    # xf = rmsnorm(h, rms_final)
-    dh, grads["rms_final"] = rmsnorm_backward(dxf, cache["rmsf"])  # (N, d)
-
-    for name in ("rms_attn", "wq", "wk", "wv", "wo", "rms_ffn", "w1", "w3", "w2"):
-        grads[name] = np.zeros_like(params[name])
+    loss, dlogits = softmax_cross_entropy(cache.logits, y)  # (B, S, V)
+    dh, grads = head_backward(dlogits.reshape(B * S, -1), cache.head)  # (N, d)
+    for name in LAYER_PARAMS:
+        grads[name] = empty_like(params[name])  # (L, ...) filled layer by layer
     for l in reversed(range(cfg.n_layer)):
-        c = cache["layers"][l]
-        # h = h + swiglu(x2b): the residual passes dh through and adds the block's dx.
-        dx2b, grads["w1"][l], grads["w3"][l], grads["w2"][l] = swiglu_backward(dh, c["ffn"])
-        # x2b = rmsnorm(h, rms_ffn[l])
-        dxn, grads["rms_ffn"][l] = rmsnorm_backward(dx2b, c["rms2"])
-        dh = dh + dxn
-        # h = h + am @ wo[l]
-        dam, grads["wo"][l] = linear_backward(dh, (c["am"], params["wo"][l]))  # (N, d), (d, d)
-        da = _split_heads(dam, B, S, H)  # (B, H, S, hd)
-        # a = attention(q, k, v)
-        dq, dk, dv = causal_attention_backward(da, c["att"])  # (B, H, S, hd) each
-        # qk = rope(q, k): rotate the gradients back by the opposite angle
-        dqkv = np.empty((B, 3 * H, S, cfg.head_dim), dtype=dh.dtype)  # (B, 3H, S, hd)
-        dqkv[:, :H], dqkv[:, H : 2 * H], dqkv[:, 2 * H :] = dq, dk, dv
-        dqkv[:, : 2 * H] = rope_backward(dqkv[:, : 2 * H], cos, sin)
-        dqkv = _merge_heads(dqkv)  # (N, 3d) = [dq | dk | dv]
-        # qkv = xb @ [wq | wk | wv]: xb fans out to q, k and v, so its gradient sums the three.
-        dxb, dwqkv = linear_backward(dqkv, (c["xb"], c["wqkv"]))  # (N, d), (d, 3d)
-        grads["wq"][l], grads["wk"][l], grads["wv"][l] = np.split(dwqkv, 3, axis=1)
-        # xb = rmsnorm(h, rms_attn[l])
-        dxn, grads["rms_attn"][l] = rmsnorm_backward(dxb, c["rms1"])
-        dh = dh + dxn
-
+        if cache.layers:
+            layer = cache.layers[l]
+        else:  # recompute: run layer l's forward again from its input
+            p = layer_params(params, l)
+            _, layer = layer_forward(cache.layer_inputs[l], p, cfg, cache.cos, cache.sin)
+        dh, grads_l = layer_backward(dh, layer)
+        for name, g in grads_l.items():
+            grads[name][l] = g
+        if on_layer is not None:
+            on_layer(l, grads_l)
     # h = wte[x]: scatter-add into the embedding rows.
-    dwte = embedding_backward(x, dh.reshape(B, S, -1), V)  # (V, d)
+    dwte = embedding_backward(dh.reshape(B, S, -1), cache.embedding)  # (V, d)
     if cfg.tie_embeddings:
-        dwte += dw_out  # wte is also the output projection: both gradients add
+        grads["wte"] += dwte  # wte is also the output projection: both gradients add
     else:
-        grads["lm_head"] = dw_out
-    grads["wte"] = dwte
-    return loss, grads
+        grads["wte"] = dwte
+    return loss, {name: grads[name] for name in param_shapes(cfg)}  # in the table's order
 
 
-def loss_and_grads(params: dict, cfg: Config, x: np.ndarray, y: np.ndarray) -> tuple[float, dict]:
-    """forward then backward: the mean loss and the gradient of every parameter."""
-    if isinstance(y, np.ndarray) and isinstance(x, np.ndarray) and y.shape != x.shape:
-        raise ValueError(f"y has shape {y.shape}, but the inputs x have shape {x.shape}")
-    _, cache = forward(params, cfg, x)
+def loss_and_grads(
+    params: dict, cfg: Config, x: np.ndarray, y: np.ndarray, recompute: bool = False
+) -> tuple[float, dict[str, np.ndarray]]:
+    """forward then backward: the mean loss and the gradient of every parameter.
+
+    `recompute=True` keeps only each layer's input during the forward pass and recomputes the
+    layer during the backward pass: less memory, one more forward pass, the same gradients.
+    """
+    if isinstance(x, np.ndarray):
+        _check_targets(y, x, cfg)  # before the forward pass, so a bad y costs nothing
+    _, cache = forward(params, cfg, x, recompute=recompute)
     return backward(params, cfg, cache, y)

@@ -1,7 +1,6 @@
 """The optimizer: AdamW with bias correction, clipping by global norm, warmup then cosine decay.
-
-Chapter 8 of the book walks through `adamw_update` line by line; the trainer runs `adamw_step_`,
-which performs exactly the same floating-point operations in place, without temporaries per step.
+The training chapter walks through `adamw_update`; the trainer runs `adamw_step_`, the same
+floating-point operations in place, without temporaries per step.
 """
 
 from __future__ import annotations
@@ -9,6 +8,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from .params import decays
 
 # Shape legend: p, g, m, v all have the shape of one parameter (any shape); AdamW is elementwise.
 # Dicts of arrays are keyed by the parameter names of the model (wte, rms_attn, wq, ...).
@@ -91,11 +92,6 @@ def adamw_update(
     return p, m, v
 
 
-def decays(name: str) -> bool:
-    """Whether weight decay applies to parameter `name`: the matrices yes, RMSNorm gains no."""
-    return not name.startswith("rms")
-
-
 def adamw_step_(
     params: dict[str, np.ndarray],
     grads: dict[str, np.ndarray],
@@ -110,8 +106,9 @@ def adamw_step_(
 ) -> None:
     """`adamw_update` on every parameter, in place (params, m, v), bit for bit the same result.
 
-    Weight decay applies only where `decays(name)`. Each line repeats one operation of
-    `adamw_update` in the same order, writing into existing arrays instead of new ones.
+    Weight decay applies only where `decays(name)`, from the parameter table of
+    `xenith_edu.params`. Each line repeats one operation of `adamw_update` in the same order,
+    writing into existing arrays instead of new ones.
     """
     if t < 1:
         raise ValueError(f"t is the 1-based update count, got {t}")
@@ -140,3 +137,7 @@ def adamw_step_(
 def zeros_like_params(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Fresh AdamW moments: one zero array per parameter."""
     return {k: np.zeros_like(p) for k, p in params.items()}
+
+
+__all__ = ["adamw_step_", "adamw_update", "clip_by_global_norm", "decays", "global_norm", "lr_at",
+           "zeros_like_params"]

@@ -1,21 +1,44 @@
 """SwiGLU feed-forward block, forward and backward: out = (silu(x @ w1) * (x @ w3)) @ w2.
 
-Chapter 2 of the book derives the backward through the gate, the up and the down projections.
+The SwiGLU chapter derives the backward through the gate, the up and the down projections.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
+
+from .workspace import empty
 
 # Shape legend: N positions (any leading axes ... are flattened), d width, f hidden.
 
 
-def sigmoid(z: np.ndarray) -> np.ndarray:
-    """Logistic sigmoid, written with tanh so that it never overflows."""
-    s = np.tanh(0.5 * z)
+class SwiGLUCache(NamedTuple):
+    """What `swiglu_backward` needs: each product's input and weight, and the gate's pieces
+    (h3, sig, gate), to differentiate silu(h1) * h3 without computing another exp."""
+
+    x: np.ndarray  # (N, d) the input, flattened: for [dw1 | dw3] = x.T @ [dh1 | dh3]
+    x_shape: tuple[int, ...]  # the input's shape (..., d), to give dx the same
+    w13: np.ndarray  # (d, 2f) [w1 | w3]: for dx = [dh1 | dh3] @ w13.T
+    w2: np.ndarray  # (f, d) the down projection: for dha = dout @ w2.T
+    h3: np.ndarray  # (N, f) the up projection x @ w3: for dh1
+    sig: np.ndarray  # (N, f) sigmoid(h1): for silu'(h1)
+    gate: np.ndarray  # (N, f) silu(h1): for dh3 and silu'(h1)
+    ha: np.ndarray  # (N, f) the gated hidden silu(h1) * h3, input of w2: for dw2
+
+
+def sigmoid(z: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Logistic sigmoid 1 / (1 + exp(-z)), written into `out` if given.
+
+    For z below about -88 (float32) exp(-z) overflows to inf, and 1 / (1 + inf) is exactly 0,
+    the right limit: the overflow is expected, so its warning is silenced.
+    """
+    s = np.negative(z, out=out)
+    with np.errstate(over="ignore"):
+        np.exp(s, out=s)
     s += 1.0
-    s *= 0.5
-    return s
+    return np.reciprocal(s, out=s)
 
 
 def silu(z: np.ndarray) -> np.ndarray:
@@ -31,39 +54,37 @@ def silu_grad(z: np.ndarray) -> np.ndarray:
 
 def swiglu_forward(
     x: np.ndarray, w1: np.ndarray, w3: np.ndarray, w2: np.ndarray
-) -> tuple[np.ndarray, tuple]:
+) -> tuple[np.ndarray, SwiGLUCache]:
     """SwiGLU on `x` (..., d) with gate `w1` (d, f), up `w3` (d, f), down `w2` (f, d).
 
-    Returns `(out, cache)`, out shaped like x. See chapter 2 (SwiGLU).
+    Returns `(out, cache)`, out shaped like x. See the SwiGLU chapter.
     """
-    f = w1.shape[1]
-    x2 = x.reshape(-1, x.shape[-1])  # (N, d)
+    (d, f), dtype = w1.shape, x.dtype
+    x2 = x.reshape(-1, d)  # (N, d)
+    N = x2.shape[0]
     # h1 = x @ w1 and h3 = x @ w3 as one product with [w1 | w3]: one large matrix product
     # is faster than two small ones, and the backward can do the same.
-    w13 = np.concatenate((w1, w3), axis=1)  # (d, 2f)
-    h13 = x2 @ w13  # (N, 2f)
+    w13 = np.concatenate((w1, w3), axis=1, out=empty((d, 2 * f), dtype))  # (d, 2f)
+    h13 = np.matmul(x2, w13, out=empty((N, 2 * f), dtype))  # (N, 2f)
     h1, h3 = h13[:, :f], h13[:, f:]  # (N, f) gate pre-activation, (N, f) up projection
-    sig = sigmoid(h1)  # (N, f)
-    gate = h1 * sig  # (N, f) silu(h1)
-    ha = gate * h3  # (N, f) gated hidden
-    out = (ha @ w2).reshape(x.shape)  # (..., d)
-    # backward needs the inputs of each product (x2, ha) and its weights (w13, w2), and the
-    # gate's pieces (h3, sig, gate) to differentiate silu(h1) * h3 without another exp.
-    cache = (x2, x.shape, w13, w2, h3, sig, gate, ha)
-    return out, cache
+    sig = sigmoid(h1, out=empty((N, f), dtype))  # (N, f)
+    gate = np.multiply(h1, sig, out=empty((N, f), dtype))  # (N, f) silu(h1)
+    ha = np.multiply(gate, h3, out=empty((N, f), dtype))  # (N, f) gated hidden
+    out = np.matmul(ha, w2, out=empty((N, d), dtype)).reshape(x.shape)  # (..., d)
+    return out, SwiGLUCache(x2, x.shape, w13, w2, h3, sig, gate, ha)
 
 
 def swiglu_backward(
-    dout: np.ndarray, cache: tuple
+    dout: np.ndarray, cache: SwiGLUCache
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients `(dx, dw1, dw3, dw2)` of SwiGLU given `dout` (..., d). See chapter 2."""
+    """Gradients `(dx, dw1, dw3, dw2)` of SwiGLU given `dout` (..., d). See the SwiGLU chapter."""
     x2, x_shape, w13, w2, h3, sig, gate, ha = cache
-    f = h3.shape[1]
-    dout2 = dout.reshape(-1, dout.shape[-1])  # (N, d)
+    (N, f), d, dtype = h3.shape, x2.shape[1], dout.dtype
+    dout2 = dout.reshape(-1, d)  # (N, d)
     # out = ha @ w2
-    dw2 = ha.T @ dout2  # (f, d)
-    dha = dout2 @ w2.T  # (N, f)
-    dh13 = np.empty((dha.shape[0], 2 * f), dtype=dha.dtype)  # (N, 2f) = [dh1 | dh3]
+    dw2 = np.matmul(ha.T, dout2, out=empty((f, d), dtype))  # (f, d)
+    dha = np.matmul(dout2, w2.T, out=empty((N, f), dtype))  # (N, f)
+    dh13 = empty((N, 2 * f), dtype)  # (N, 2f) = [dh1 | dh3]
     # ha = silu(h1) * h3, so dh3 = dha * silu(h1) ...
     np.multiply(dha, gate, out=dh13[:, f:])
     # ... and dh1 = dha * h3 * silu'(h1), with silu'(h1) = sig * (1 + h1 (1 - sig))
@@ -75,7 +96,6 @@ def swiglu_backward(
     dh1 *= h3
     dh1 *= dha
     # h13 = x @ [w1 | w3]: x fans out to both projections, so dx sums both paths.
-    dx = dh13 @ w13.T  # (N, d) = dh1 @ w1.T + dh3 @ w3.T
-    dw13 = x2.T @ dh13  # (d, 2f) = [dw1 | dw3]
-    dw1, dw3 = np.ascontiguousarray(dw13[:, :f]), np.ascontiguousarray(dw13[:, f:])
-    return dx.reshape(x_shape), dw1, dw3, dw2
+    dx = np.matmul(dh13, w13.T, out=empty((N, d), dtype))  # (N, d) = dh1 @ w1.T + dh3 @ w3.T
+    dw13 = np.matmul(x2.T, dh13, out=empty((d, 2 * f), dtype))  # (d, 2f) = [dw1 | dw3]
+    return dx.reshape(x_shape), dw13[:, :f], dw13[:, f:], dw2  # dw1, dw3: views of dw13

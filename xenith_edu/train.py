@@ -1,61 +1,91 @@
 """The trainer: from a text file to a model that writes, in one loop that reads top to bottom.
 
 nanoGPT's order: config, data, model, optimizer, then one loop (learning rate, evaluation and
-checkpoint, forward, backward, clip, step, log). Chapter 8 of the book walks through it.
+checkpoint, forward, backward, clip, step, log). The training chapter walks through it; the
+run directory's files are `xenith_edu.runlog`'s, the data-parallel ranks `xenith_edu.parallel`'s.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tqdm import tqdm
 
-from .checkpoint import atomic_write, config_mismatch, load_checkpoint, save_checkpoint
 from .data import CharTokenizer, get_batch, load_text, prepare_data
 from .model import Config, forward, init_params, loss_and_grads
 from .optim import adamw_step_, clip_by_global_norm, lr_at, zeros_like_params
+from .runlog import (
+    CHECKPOINT,
+    CURVE,
+    EVAL_SEED,
+    LOG,
+    RunLog,
+    check_resume,
+    check_run_dir,
+    eval_windows,
+    load_resume,
+    plot_log,
+    read_log,
+)
 from .softmax_ce import per_token_loss
+
+if TYPE_CHECKING:  # parallel.py imports mpi4py, which a single-process run never needs
+    from .checkpoint import Checkpoint
+    from .parallel import DataParallel
 
 # Shape legend: B batch, S positions (seq_len), E evaluation windows, V vocab.
 
-EVAL_SEED = 0  # the validation windows depend on this alone, so any two runs compare
-CHECKPOINT, LOG, CURVE = "ckpt.npz", "log.jsonl", "loss.png"  # the files of a run directory
+Params = dict[str, np.ndarray]
+GradsFn = Callable[[Params, Config, np.ndarray, np.ndarray], tuple[float, Params]]
+
+
+def setting(default: Any, group: str, help: str) -> Any:
+    """A TrainConfig field with its group and its help text, which the command line shows."""
+    return field(default=default, metadata={"group": group, "help": help})
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything a run is made of: model sizes, data, optimizer and loop settings."""
+    """Everything a run is made of: model sizes, data, optimizer and loop settings.
 
-    # model (the vocabulary size comes from the text)
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    ffn_hidden: int = 352
-    seq_len: int = 64
-    tie_embeddings: bool = True
-    # data: None is the shipped Shakespeare
-    text: str | None = None
-    batch_size: int = 12
-    # optimizer: AdamW, warmup then cosine decay from lr to min_lr, clipping by global norm
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    beta1: float = 0.9
-    beta2: float = 0.99
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    warmup_steps: int = 100
-    decay_steps: int = 2000
-    grad_clip: float = 1.0
-    # loop: evaluate (and checkpoint) every eval_every steps on eval_batches fixed batches
-    steps: int = 2000
-    eval_every: int = 250
-    eval_batches: int = 200
-    seed: int = 1337
+    Every field is a command-line option (`--n-layer 6`, or `--set n_layer=6`).
+    """
+
+    n_layer: int = setting(4, "model", "transformer layers")
+    n_head: int = setting(4, "model", "attention heads per layer (must divide n_embd)")
+    n_embd: int = setting(128, "model", "width d of the residual stream")
+    ffn_hidden: int = setting(352, "model", "hidden width of SwiGLU (it does not follow n_embd)")
+    seq_len: int = setting(64, "model", "context length: positions per training window")
+    tie_embeddings: bool = setting(True, "model", "use the embedding table as output layer")
+    rope_theta: float = setting(10000.0, "model", "RoPE base of the rotation frequencies")
+    norm_eps: float = setting(1e-5, "model", "epsilon inside RMSNorm's square root")
+    attention: str = setting("plain", "model", "attention kernel: plain, or flash (blockwise, no "
+                             "S x S matrix; see the memory chapter)")
+    flash_block: int = setting(64, "model", "block size of flash attention")
+    recompute: bool = setting(False, "model", "keep only each layer's input and recompute its "
+                              "forward during the backward (same gradients, less memory)")
+    text: str | None = setting(None, "data", "UTF-8 text file to train on")
+    batch_size: int = setting(12, "data", "windows per step (the global batch over all ranks)")
+    lr: float = setting(1e-3, "optimizer", "peak learning rate, reached after the warmup")
+    min_lr: float = setting(1e-4, "optimizer", "learning rate at the end of the cosine decay")
+    beta1: float = setting(0.9, "optimizer", "AdamW decay rate of the first moment")
+    beta2: float = setting(0.99, "optimizer", "AdamW decay rate of the second moment")
+    eps: float = setting(1e-8, "optimizer", "AdamW epsilon, added to sqrt(v_hat)")
+    weight_decay: float = setting(0.1, "optimizer", "decoupled weight decay of the matrices")
+    warmup_steps: int = setting(100, "optimizer", "steps of linear learning-rate warmup")
+    decay_steps: int = setting(2000, "optimizer", "step at which the decay reaches min_lr "
+                               "(it does not follow steps, so a resumed run matches one run)")
+    grad_clip: float = setting(1.0, "optimizer", "clip the gradients to this global norm")
+    steps: int = setting(2000, "loop", "total number of updates (with --resume: the total "
+                         "to reach, counting the steps already done)")
+    eval_every: int = setting(250, "loop", "evaluate and save a checkpoint every N steps")
+    eval_batches: int = setting(200, "loop", "batches of fixed windows per evaluation")
+    seed: int = setting(1337, "loop", "seed of the initial weights and of the batches")
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "steps", "eval_every", "eval_batches"):
@@ -85,11 +115,16 @@ class TrainConfig:
         """The model's Config for a vocabulary of `vocab_size` characters."""
         return Config(vocab_size=vocab_size, n_embd=self.n_embd, n_head=self.n_head,
                       n_layer=self.n_layer, ffn_hidden=self.ffn_hidden, seq_len=self.seq_len,
-                      tie_embeddings=self.tie_embeddings)
+                      tie_embeddings=self.tie_embeddings, rope_theta=self.rope_theta,
+                      norm_eps=self.norm_eps, attention=self.attention,
+                      flash_block=self.flash_block)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
-        """The inverse of dataclasses.asdict, with a clear error for unknown settings."""
+        """The inverse of dataclasses.asdict, with a clear error for unknown settings.
+
+        Settings added since a run was made take their defaults.
+        """
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -118,7 +153,7 @@ class TrainingDiverged(RuntimeError):
 class TrainResult:
     """What a run leaves behind: the final model and its figures."""
 
-    params: dict[str, np.ndarray]
+    params: Params
     config: Config
     train_config: TrainConfig
     tokenizer: CharTokenizer
@@ -128,11 +163,36 @@ class TrainResult:
     ms_per_step: float  # median wall time of one whole step (batch, forward, backward, clip, AdamW)
     seconds: float  # wall time of this call, evaluations included
     out_dir: Path
+    comm_ms_per_step: float = math.nan  # median time of a step's all-reduce (data-parallel runs)
 
 
-def evaluate(
-    params: dict[str, np.ndarray], cfg: Config, x: np.ndarray, y: np.ndarray, chunk: int = 48
-) -> float:
+def train_step(params: Params, m: Params, v: Params, step: int, lr: float, cfg: Config,
+               tc: TrainConfig, x: np.ndarray, y: np.ndarray,
+               grads_fn: GradsFn | None = None) -> tuple[float, float]:
+    """One update, in place on `params` and the AdamW moments `m`, `v`: forward, backward,
+    clip, step. Returns the batch's mean loss and the global gradient norm before clipping.
+
+    `step` counts updates from 0 (AdamW's bias correction counts from 1: step + 1), `lr` is
+    the learning rate of this update, `x`, `y` (B, S) the batch and its targets. `grads_fn`
+    (default `loss_and_grads`) gives the loss and the gradients; a data-parallel run passes
+    one that averages them over its ranks (see the "Many processes" chapter). Raises
+    TrainingDiverged, before changing anything, if the loss or the norm is not finite.
+    See the training chapter.
+    """
+    if grads_fn is None:
+        loss, grads = loss_and_grads(params, cfg, x, y, recompute=tc.recompute)  # fwd, bwd
+    else:
+        loss, grads = grads_fn(params, cfg, x, y)  # forward, backward (on every rank)
+    grads, norm = clip_by_global_norm(grads, tc.grad_clip)  # clip
+    if not (math.isfinite(loss) and math.isfinite(norm)):
+        bad = f"loss became {loss}" if not math.isfinite(loss) else f"gradient norm became {norm}"
+        raise TrainingDiverged(f"the {bad} at step {step}", step)
+    adamw_step_(params, grads, m, v, step + 1, lr, tc.beta1, tc.beta2, tc.eps,
+                tc.weight_decay)  # step
+    return loss, norm
+
+
+def evaluate(params: Params, cfg: Config, x: np.ndarray, y: np.ndarray, chunk: int = 48) -> float:
     """Mean per-token loss over windows x, y (E, S), computed `chunk` windows at a time."""
     total = 0.0
     for i in range(0, len(x), chunk):
@@ -141,56 +201,42 @@ def evaluate(
     return total / y.size
 
 
-def read_log(path: str | Path) -> list[dict]:
-    """The records of a run's log (one JSON object per line).
+def load_data(tc: TrainConfig, ckpt: Checkpoint | None,
+              resume: str | Path | None) -> tuple[CharTokenizer, np.ndarray, np.ndarray]:
+    """The tokenizer (the checkpoint's, when resuming) and the training and validation ids."""
+    try:
+        return prepare_data(load_text(tc.text), tc.seq_len,
+                            CharTokenizer(ckpt.vocab) if ckpt else None)
+    except ValueError as e:
+        source = "the shipped text" if tc.text is None else f"text file '{tc.text}'"
+        fit = f" does not fit checkpoint '{resume}'" if ckpt else ""
+        raise ValueError(f"{source}{fit}: {e}") from None
 
-    A line cut short (a run killed mid-write) is skipped.
+
+def initial_state(tc: TrainConfig, cfg: Config, ckpt: Checkpoint | None
+                  ) -> tuple[Params, Params, Params, int, np.random.Generator]:
+    """params, AdamW moments m and v, the start step, and the generator of the batches."""
+    if ckpt is not None:
+        return ckpt.params, ckpt.m, ckpt.v, ckpt.step, ckpt.rng()
+    params = init_params(cfg, tc.seed, np.float32)
+    rng = np.random.default_rng(tc.seed + 1)  # training batches: a stream apart from init
+    return params, zeros_like_params(params), zeros_like_params(params), 0, rng
+
+
+def evaluate_at(step: int, tc: TrainConfig, params: Params, cfg: Config, windows: tuple,
+                evaluate_fn: Callable[..., float] = evaluate) -> tuple[float, float | None]:
+    """The validation loss at `step`, and at the last step the training loss too (else None).
+
+    `windows` are `eval_windows`' fixed (E, S) arrays; raises TrainingDiverged if the validation
+    loss is not finite.
     """
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
-
-
-def plot_log(log_path: str | Path, png_path: str | Path) -> None:
-    """The loss curve of a run: training loss per step and validation loss at each evaluation."""
-    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
-
-    records = read_log(log_path)
-    tr = [(r["step"], r["loss"]) for r in records if r["event"] == "train"]
-    ev = [(r["step"], r["val_loss"]) for r in records if r["event"] == "eval"]
-    fig = Figure(figsize=(7, 4), dpi=120)
-    ax = fig.add_subplot()
-    if tr:
-        steps, losses = np.array(tr).T
-        ax.plot(steps, losses, color="tab:blue", alpha=0.3, lw=0.8, label="training (per step)")
-        k = min(50, len(losses) // 10)  # a moving average shows the trend through the noise
-        if k > 1:
-            smooth = np.convolve(losses, np.ones(k) / k, mode="valid")  # centred on its window
-            ax.plot(steps[k // 2:k // 2 + len(smooth)], smooth, color="tab:blue", lw=1.5,
-                    label=f"training ({k}-step mean)")
-    if ev:
-        steps, losses = np.array(ev).T
-        ax.plot(steps, losses, "o-", color="tab:orange", lw=1.5, label="validation")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats per character)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    atomic_write(png_path, lambda f: fig.savefig(f, format="png"))
-
-
-def _prepare_log(path: Path, start: int) -> None:
-    """A resumed run keeps the records before its start step; a new run starts an empty log."""
-    keep = []
-    if start > 0 and path.exists():
-        keep = [r for r in read_log(path) if r["step"] < start]
-    text = "".join(json.dumps(r) + "\n" for r in keep)
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    val_x, val_y, train_x, train_y = windows
+    val_loss = evaluate_fn(params, cfg, val_x, val_y)
+    if not math.isfinite(val_loss):
+        raise TrainingDiverged(f"the validation loss became {val_loss} at step {step}", step)
+    if step < tc.steps:
+        return val_loss, None
+    return val_loss, evaluate_fn(params, cfg, train_x, train_y)  # once, for comparison
 
 
 def train(
@@ -201,150 +247,59 @@ def train(
     overwrite: bool = False,
     progress: bool | None = None,
     verbose: bool = True,
+    ranks: DataParallel | None = None,
 ) -> TrainResult:
     """Train a model with settings `tc`; write checkpoint, log and loss curve into `out_dir`.
 
-    `resume`: a checkpoint to continue from (its model config must equal tc's); the run then
-    goes on to `tc.steps` updates in total. `progress`: show a tqdm bar (None: only on a
-    terminal). Raises ValueError for bad input before any file is written, and
-    TrainingDiverged (leaving the last good checkpoint intact) if the loss stops being finite.
+    `resume`: a checkpoint to continue from, up to `tc.steps` updates in total. `progress`: a
+    tqdm bar (None: only on a terminal). `ranks`: the processes of a data-parallel run
+    (`xenith_edu.parallel`), of which rank 0 alone writes. Raises ValueError for bad input
+    before any file is written, and TrainingDiverged (leaving the last good checkpoint intact)
+    if the loss stops being finite.
     """
     t_start = time.perf_counter()
-    echo = tqdm.write if verbose else (lambda s: None)
-
-    # ---- config and output files
-    if not isinstance(tc, TrainConfig):
+    if not isinstance(tc, TrainConfig):  # config and run directory
         raise TypeError(f"tc must be a TrainConfig, got {type(tc).__name__}")
-    out_dir = Path(out_dir)
-    ckpt_path, log_path, png_path = out_dir / CHECKPOINT, out_dir / LOG, out_dir / CURVE
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"out_dir '{out_dir}' is a file: pass a directory for the run")
-    same_run = resume is not None and Path(resume).resolve() in (ckpt_path.resolve(),
-                                                                 out_dir.resolve())
-    if ckpt_path.exists() and not overwrite and not same_run:
-        raise ValueError(f"out_dir '{out_dir}' already holds a run ({CHECKPOINT}): resume it "
-                         "(--resume), choose another directory (--out), or replace it "
-                         "(--overwrite)")
-
-    # ---- data
-    text = load_text(tc.text)
-    ckpt = load_checkpoint(resume) if resume is not None else None
-    try:
-        tokenizer, train_ids, val_ids = prepare_data(
-            text, tc.seq_len, CharTokenizer(ckpt.vocab) if ckpt else None)
-    except ValueError as e:
-        source = "the shipped text" if tc.text is None else f"text file '{tc.text}'"
-        fit = f" does not fit checkpoint '{resume}'" if ckpt else ""
-        raise ValueError(f"{source}{fit}: {e}") from None
-
-    # ---- model and optimizer state
-    cfg = tc.model_config(tokenizer.vocab_size)
-    if ckpt is None:
-        params = init_params(cfg, tc.seed, np.float32)
-        m, v = zeros_like_params(params), zeros_like_params(params)  # AdamW moments
-        start = 0
-        rng = np.random.default_rng(tc.seed + 1)  # training batches: a stream apart from init
-    else:
-        if ckpt.config != cfg:
-            raise ValueError(f"checkpoint '{resume}' is from another model config "
-                             f"({config_mismatch(ckpt.config, cfg)}): resume with the settings "
-                             "it was trained with, or start a new run")
-        params, m, v, start, rng = ckpt.params, ckpt.m, ckpt.v, ckpt.step, ckpt.rng()
-        if start >= tc.steps:
-            raise ValueError(f"checkpoint '{resume}' is already at step {start}, and steps is "
-                             f"{tc.steps}: ask for more steps to train further")
-    # fixed evaluation windows, the same for every run: E = eval_batches * batch_size
-    eval_rng = np.random.default_rng(EVAL_SEED)
-    E = tc.eval_batches * tc.batch_size
-    val_x, val_y = get_batch(val_ids, E, tc.seq_len, eval_rng)  # (E, S) each
-    train_x, train_y = get_batch(train_ids, E, tc.seq_len, eval_rng)  # (E, S) each
-
-    # ---- the loop
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _prepare_log(log_path, start)
-    log = open(log_path, "a", encoding="utf-8")  # closed in the finally clause below
-
-    def record(**r: object) -> None:
-        log.write(json.dumps(r) + "\n")
-
-    record(event="start", step=start, config=asdict(tc), vocab_size=cfg.vocab_size,
-           resumed_from=None if resume is None else str(resume))
-    bar = tqdm(total=tc.steps, initial=start, unit="step", disable=None if progress is None
-               else not progress, dynamic_ncols=True, leave=verbose)
-    tokens = tc.batch_size * tc.seq_len  # per step
-    step_ms: list[float] = []
+    out_dir, ckpt = check_run_dir(out_dir, resume, overwrite), load_resume(resume)
+    tokenizer, train_ids, val_ids = load_data(tc, ckpt, resume)  # data
+    cfg = tc.model_config(tokenizer.vocab_size)  # model
+    if ckpt is not None:
+        check_resume(ckpt, resume, cfg, tc.steps)
+    if ranks is not None:
+        ranks.ready(tc)  # every rank has passed the checks above
+    params, m, v, start, rng = initial_state(tc, cfg, ckpt)  # parameters, optimizer, batches
+    windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)
+    grads_fn, evaluate_fn = (ranks.loss_and_grads, ranks.evaluate) if ranks else (None, evaluate)
+    log = RunLog(out_dir, tc, cfg, tokenizer.vocab, start, resume, progress=progress,
+                 verbose=verbose, write=ranks is None or ranks.is_root)
     val_loss = train_loss = math.nan
-    last_ckpt = f"{resume} (step {start})" if ckpt is not None else None
     finished = False
     try:
         for step in range(start, tc.steps + 1):
-            # learning rate of this update
             lr = lr_at(step, tc.lr, tc.min_lr, tc.warmup_steps, tc.decay_steps)
-
-            # evaluate on the fixed validation batches, then checkpoint
-            if step % tc.eval_every == 0 or step == tc.steps:
-                val_loss = evaluate(params, cfg, val_x, val_y)
-                if not math.isfinite(val_loss):
-                    raise TrainingDiverged(f"the validation loss became {val_loss} at step "
-                                           f"{step}", step)
-                extra = {}
-                if step == tc.steps:  # the training-set figure, once, for comparison
-                    train_loss = evaluate(params, cfg, train_x, train_y)
-                    extra["train_loss"] = train_loss
-                record(event="eval", step=step, val_loss=val_loss, **extra)
-                log.flush()
-                echo(f"step {step:5d}: val loss {val_loss:.4f}"
-                     + (f", train loss {train_loss:.4f}" if extra else ""))
-                if step > start:  # params after `step` updates; rng ready for batch `step`
-                    save_checkpoint(ckpt_path, params, m, v, step, rng, cfg, tokenizer.vocab,
-                                    asdict(tc))
-                    last_ckpt = f"{ckpt_path} (step {step})"
+            if step % tc.eval_every == 0 or step == tc.steps:  # evaluate, then checkpoint
+                val_loss, last = evaluate_at(step, tc, params, cfg, windows, evaluate_fn)
+                train_loss = math.nan if last is None else last
+                log.eval(step, val_loss, last)
+                if step > start:
+                    log.checkpoint(step, params, m, v, rng)
             if step == tc.steps:
                 break
-
             t0 = time.perf_counter()
-            # forward and backward on one random batch
             x, y = get_batch(train_ids, tc.batch_size, tc.seq_len, rng)  # (B, S) each
-            loss, grads = loss_and_grads(params, cfg, x, y)
-            # clip, then one AdamW update (t is 1-based)
-            grads, norm = clip_by_global_norm(grads, tc.grad_clip)
-            if not (math.isfinite(loss) and math.isfinite(norm)):
-                bad = f"loss became {loss}" if not math.isfinite(loss) else \
-                    f"gradient norm became {norm}"
-                raise TrainingDiverged(f"the {bad} at step {step}", step)
-            adamw_step_(params, grads, m, v, step + 1, lr, tc.beta1, tc.beta2, tc.eps,
-                        tc.weight_decay)
-            dt = time.perf_counter() - t0
-
-            # log
-            step_ms.append(1000 * dt)
-            record(event="train", step=step, loss=round(loss, 6), lr=float(f"{lr:.6g}"),
-                   grad_norm=round(norm, 4), ms=round(1000 * dt, 2))
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens / dt:.0f}",
-                            refresh=False)
-            if bar.disable and verbose and (step + 1) % 100 == 0:
-                echo(f"step {step + 1:5d}: loss {loss:.4f}, lr {lr:.2e}, {1000 * dt:.1f} ms/step")
+            loss, norm = train_step(params, m, v, step, lr, cfg, tc, x, y, grads_fn)
+            log.train(step, loss, lr, norm, time.perf_counter() - t0,
+                      ranks.take_comm_seconds() if ranks else None)
         finished = True
     except TrainingDiverged as e:
-        kept = (f"the last good checkpoint is {last_ckpt}" if last_ckpt else
-                "no checkpoint was written yet")
-        raise TrainingDiverged(f"{e}: training stopped; {kept}", e.step) from None
+        raise TrainingDiverged(f"{e}: training stopped; {log.kept()}", e.step) from None
     finally:
-        bar.close()
-        log.close()
-        try:  # the curve so far, also after an interruption
-            plot_log(log_path, png_path)
-        except Exception:
-            if finished:
-                raise
-    if verbose:
-        echo(f"wrote {ckpt_path}, {log_path}, {png_path}")
-    return TrainResult(params=params, config=cfg, train_config=tc, tokenizer=tokenizer,
-                       step=tc.steps, val_loss=val_loss, train_loss=train_loss,
-                       ms_per_step=float(np.median(step_ms)) if step_ms else math.nan,
-                       seconds=time.perf_counter() - t_start, out_dir=out_dir)
+        log.close(finished)
+    ms, comm_ms = log.ms_per_step()
+    return TrainResult(params, cfg, tc, tokenizer, tc.steps, val_loss, train_loss, ms,
+                       time.perf_counter() - t_start, out_dir, comm_ms)
 
 
-__all__ = ["BOOK", "PRESETS", "SMALL", "TrainConfig", "TrainResult", "TrainingDiverged",
-           "evaluate", "plot_log", "read_log", "train"]
+__all__ = ["BOOK", "CHECKPOINT", "CURVE", "EVAL_SEED", "LOG", "PRESETS", "SMALL", "TrainConfig",
+           "TrainResult", "TrainingDiverged", "evaluate", "evaluate_at", "initial_state",
+           "load_data", "plot_log", "read_log", "setting", "train", "train_step"]

@@ -1,4 +1,4 @@
-"""Sphinx extension for the xenith-edu book: offline MathJax, launch buttons, chapter tables.
+"""Sphinx extension for the xenith-edu book: MathJax, launch buttons, student notebooks, tables.
 Loaded from _config.yml (sphinx.local_extensions); needs no network at build time.
 
 Offline MathJax: the book extra installs `django-static-mathjax`, a PyPI package that
@@ -7,9 +7,16 @@ When an HTML build starts, the files MathJax needs are copied into `_static/math
 of the built site and `mathjax_path` points there, so every page loads MathJax (and its
 fonts, menu and accessibility modules) from the site itself, never from a CDN.
 
-Launch buttons: Binder and Colab buttons (and the repository button) are shown only when
+Launch buttons: the Binder and repository buttons are shown only when
 `repository.url` is set in _config.yml; while it is empty they are switched off. While
 live code (thebe) is off, sphinx-thebe's page scripts are left out.
+
+Student notebooks: every notebook the site offers for download (_sources/, _downloads/) is
+replaced, when the build finishes, by its student version (`xenith_edu.classroom.student`:
+solutions become stubs raising NotImplementedError, a setup cell follows the title); the pages
+show the solutions collapsed, without the `### BEGIN/END SOLUTION` lines. The Binder button
+opens student/<chapter>.ipynb, which binder/postBuild writes; the other launch services (Colab,
+...) can only open the full notebook as committed, so their buttons are removed.
 
 Chapter tables: the directive `chapter-table` writes a table from the chapter registry
 (`xenith_edu.chapters`), so no page types a chapter's number or list: `:columns: derive` gives
@@ -167,10 +174,96 @@ def on_builder_inited(app: Sphinx) -> None:
     logger.info(f"offline MathJax: {size / 1e6:.1f} MB in _static/{MATHJAX_STATIC}/")
 
 
+# ---------------------------------------------------------------- student notebooks
+# Readers download, and launch buttons open, the student version of each chapter: solutions
+# replaced by stubs (xenith_edu.classroom.student). The pages still show the solutions,
+# collapsed, without nbgrader's marker lines.
+STUDENT_DIR = "student"  # where binder/postBuild writes the student copies, repository root
+
+
+def is_notebook_doc(app: Sphinx, docname: str) -> bool:
+    return str(app.env.doc2path(docname)).endswith(".ipynb")
+
+
+def strip_solution_markers(app: Sphinx, doctree: nodes.document) -> None:
+    """`doctree-read`: drop the `### BEGIN/END SOLUTION` lines from a notebook's code blocks."""
+    from xenith_edu.classroom.student import BEGIN_SOLUTION, END_SOLUTION
+
+    if not is_notebook_doc(app, app.env.docname):
+        return
+    for block in doctree.findall(nodes.literal_block):
+        lines = block.astext().split("\n")
+        kept = [ln for ln in lines if not (BEGIN_SOLUTION.match(ln) or END_SOLUTION.match(ln))]
+        if len(kept) != len(lines):
+            text = "\n".join(kept)
+            block.rawsource = text
+            block.children = []
+            block += nodes.Text(text)
+
+
+def student_notebooks(app: Sphinx, exception: Exception | None) -> None:
+    """`build-finished`: replace every notebook of the built site by its student version.
+
+    The theme's .ipynb download copies the source notebook into _sources/; a {download} role
+    would copy it into _downloads/<hash>/. Each copy named as a chapter notebook is rewritten
+    with `make_student_versions`, from the source notebook in the repository.
+    """
+    import tempfile
+
+    from xenith_edu.classroom.student import make_student_versions
+
+    if exception is not None or app.builder.format != "html":
+        return
+    sources = {}
+    for docname in sorted(app.env.found_docs):
+        if is_notebook_doc(app, docname):
+            path = Path(app.env.doc2path(docname))
+            sources[path.name] = path
+    built = [p for p in sorted(Path(app.outdir).rglob("*.ipynb")) if p.name in sources]
+    opts = app.config.html_theme_options or {}  # the setup cell installs from this book's URL
+    repository = (opts.get("repository_url", "") or "", opts.get("repository_branch", "") or "")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in sorted({p.name for p in built}):
+            (student,) = make_student_versions(sources[name], Path(tmp) / Path(name).stem,
+                                               repository=repository)
+            for target in (p for p in built if p.name == name):
+                shutil.copyfile(student, target)
+    logger.info(f"student notebooks: {len(built)} .ipynb file(s) in the site are student versions")
+
+
+def student_launch_buttons(app: Sphinx, pagename: str, templatename: str,
+                           context: dict[str, Any], doctree: Any) -> None:
+    """`html-page-context`, after the theme: launch buttons open the student version.
+
+    Binder builds the repository's branch and runs binder/postBuild, which writes the student
+    copies into student/; the button opens student/<chapter>.ipynb there. Other services
+    (Colab, JupyterHub, ...) open a file of the repository as committed, where only the full
+    notebook exists, so their buttons are removed.
+    """
+    for group in context.get("header_buttons", []):
+        if group.get("label") != "launch-buttons":
+            continue
+        kept = []
+        for button in group.get("buttons", []):
+            if button.get("text") == "Binder" and "?urlpath=" in button.get("url", ""):
+                base, urlpath = button["url"].split("?urlpath=", 1)
+                ui = "lab/tree" if urlpath.startswith("lab/tree/") else "tree"
+                student = f"{STUDENT_DIR}/{Path(pagename).name}.ipynb"
+                kept.append({**button, "url": f"{base}?urlpath={ui}/{student}"})
+            elif button.get("type") == "javascript":
+                kept.append(button)  # live code in the page (thebe), when switched on
+        group["buttons"] = kept
+    context["header_buttons"] = [g for g in context.get("header_buttons", [])
+                                 if g.get("label") != "launch-buttons" or g["buttons"]]
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("config-inited", on_config_inited, priority=900)
     app.connect("builder-inited", on_builder_inited)
     app.add_directive("chapter-table", ChapterTable)
+    app.connect("doctree-read", strip_solution_markers)
+    app.connect("html-page-context", student_launch_buttons, priority=600)  # after the theme
+    app.connect("build-finished", student_notebooks)
     # env_version: bump when a change here must re-read every page (as the title rule does)
-    return {"version": "1.0", "env_version": 2, "parallel_read_safe": True,
+    return {"version": "1.0", "env_version": 3, "parallel_read_safe": True,
             "parallel_write_safe": True}

@@ -15,34 +15,40 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyBboxPatch  # noqa: E402
 
+from xenith_edu import chapters  # noqa: E402
+
 OUT = Path(__file__).with_name("model_forward.png")
 
-# One color per chapter (colorblind-safe Okabe-Ito palette).
-CHAPTER = {
-    1: ("softmax cross-entropy", "#D55E00"),
-    2: ("SwiGLU", "#009E73"),
-    3: ("RMSNorm", "#0072B2"),
-    4: ("causal attention", "#CC79A7"),
-    5: ("RoPE", "#E69F00"),
-    6: ("embedding scatter-add", "#56B4E9"),
-    7: ("linear layers, whole backward", "#555555"),
+# One color per chapter (colorblind-safe Okabe-Ito palette); numbers and titles come from the
+# chapter registry, so the badges follow the book's order.
+COLOR = {
+    "softmax_ce": "#D55E00",
+    "swiglu": "#009E73",
+    "rmsnorm": "#0072B2",
+    "attention": "#CC79A7",
+    "rope": "#E69F00",
+    "embedding": "#56B4E9",
+    "backward": "#555555",
 }
 
-# The forward pass, top to bottom: (label, shape after the step, chapter whose gradient enters).
+# The forward pass, top to bottom: (label, shape after the step, chapter whose gradient enters),
+# in the symbols of the book's notation page.
 STEPS = [
     (r"tokens $x$", r"$(B, S)$ int", None),
-    (r"embedding gather  $h = W_{te}[x]$", r"$(B, S, d)$", 6),
-    (r"RMSNorm  $x_b = \mathrm{rmsnorm}(h, w_{attn})$", r"$(B, S, d)$", 3),
-    (r"$q, k, v = x_b W_q,\ x_b W_k,\ x_b W_v$", r"$(B, H, S, hd)$", 7),
-    (r"RoPE on $q$ and $k$", r"$(B, H, S, hd)$", 5),
-    (r"causal attention  $\mathrm{softmax}(q k^\top / \sqrt{hd} + M)\, v$", r"$(B, H, S, hd)$", 4),
-    (r"merge heads, $\cdot\, W_o$;  $h \leftarrow h + \ldots$", r"$(B, S, d)$", 7),
-    (r"RMSNorm  $x_{2b} = \mathrm{rmsnorm}(h, w_{ffn})$", r"$(B, S, d)$", 3),
+    (r"embedding gather  $h = W_{te}[x]$", r"$(B, S, d)$", "embedding"),
+    (r"RMSNorm  $x_b = \mathrm{rmsnorm}(h, w_{attn})$", r"$(B, S, d)$", "rmsnorm"),
+    (r"$q, k, v = x_b W_q,\ x_b W_k,\ x_b W_v$", r"$(B, H, S, hd)$", "backward"),
+    (r"RoPE on $q$ and $k$", r"$(B, H, S, hd)$", "rope"),
+    (r"attention  $P = \mathrm{softmax}(q k^\top / \sqrt{hd} + M)$,  $O = P v$",
+     r"$(B, H, S, hd)$", "attention"),
+    (r"merge heads of $O$, $\cdot\, W_o$;  $h \leftarrow h + \ldots$", r"$(B, S, d)$",
+     "backward"),
+    (r"RMSNorm  $x_{2b} = \mathrm{rmsnorm}(h, w_{ffn})$", r"$(B, S, d)$", "rmsnorm"),
     (r"SwiGLU  $(\mathrm{silu}(x_{2b} W_1) \odot x_{2b} W_3)\, W_2$;  $h \leftarrow h + \ldots$",
-     r"$(B, S, d)$", 2),
-    (r"final RMSNorm  $x_f = \mathrm{rmsnorm}(h, w_{final})$", r"$(N, d)$", 3),
-    (r"logits $= x_f W_{te}^\top$  (tied) or $x_f W_{head}^\top$", r"$(N, V)$", 6),
-    (r"loss $= $ mean of $-\log \mathrm{softmax}(\mathrm{logits})[y]$", "scalar", 1),
+     r"$(B, S, d)$", "swiglu"),
+    (r"final RMSNorm  $x_f = \mathrm{rmsnorm}(h, w_{final})$", r"$(N, d)$", "rmsnorm"),
+    (r"logits $z = x_f W_{out}^\top$  ($W_{out} = W_{te}$ when tied)", r"$(N, V)$", "embedding"),
+    (r"loss $\ell = $ mean of $-\log \mathrm{softmax}(z)[y]$", "scalar", "softmax_ce"),
 ]
 LAYER = (2, 8)  # first and last step inside the repeated block
 
@@ -67,14 +73,15 @@ def main() -> None:
 
     for i, (label, shape, chapter) in enumerate(STEPS):
         y = y_of(i)
-        color = CHAPTER[chapter][1] if chapter else "#BBBBBB"
+        color = COLOR[chapter] if chapter else "#BBBBBB"
         ax.add_patch(FancyBboxPatch((1.8, y - 0.3), 6.4, 0.6,
                                     boxstyle="round,pad=0.02,rounding_size=0.1",
                                     fc="white", ec=color, lw=2.0))
         ax.text(5.0, y, label, ha="center", va="center", fontsize=10)
         ax.text(1.45, y, shape, ha="right", va="center", fontsize=8.5, color="#444444")
         if chapter:
-            ax.text(8.65, y, f"ch. {chapter}", ha="left", va="center", fontsize=9.5,
+            ax.text(8.65, y, f"ch. {chapters.number(chapter)}", ha="left", va="center",
+                    fontsize=9.5,
                     color="white", fontweight="bold",
                     bbox={"boxstyle": "round,pad=0.25", "fc": color, "ec": color})
         if i + 1 < n:
@@ -89,13 +96,14 @@ def main() -> None:
                                 "connectionstyle": "arc3,rad=0"})
 
     # legend: where each chapter's gradient enters
-    lines = [f"ch. {k}: {name}" for k, (name, _) in CHAPTER.items()]
-    lines.append("ch. 8: training (AdamW, the loop)")
-    for j, text in enumerate(lines):
-        col, row = divmod(j, 4)
-        color = CHAPTER.get(j + 1, ("", "#222222"))[1]
-        ax.text(0.2 + 4.9 * col, -1.25 - 0.27 * row, "\u25a0 " + text, fontsize=8.5,
-                color=color, ha="left", va="center")
+    legend = [(c.slug, f"ch. {chapters.number(c.slug)}: {c.title}") for c in chapters.CHAPTERS
+              if c.numbered]
+    per_column = 4
+    width = 9.8 / -(-len(legend) // per_column)  # the columns share the figure's width
+    for j, (slug, text) in enumerate(legend):
+        col, row = divmod(j, per_column)
+        ax.text(0.2 + width * col, -1.25 - 0.27 * row, "\u25a0 " + text, fontsize=8.5,
+                color=COLOR.get(slug, "#222222"), ha="left", va="center")
     ax.text(0.2, -0.75, "Backward runs bottom to top; each colored badge marks the chapter that "
             "derives the gradient of that step.\nGrey arrows on the right: the residual stream "
             "$h$ skips each branch and is added back.", fontsize=8.5, ha="left", va="center")

@@ -1,8 +1,8 @@
 """The book run shipped in runs/book/ is what the code produces: its first steps, rerun, agree.
 
-Chapter 8 reads its loss curves, final validation loss and samples from runs/book/ (written by
-`xenith-edu train --seed 1337 --out runs/book`). This test reruns the first steps of that
-recipe with the seed the log records and compares them with the log, so a change of the model,
+The training chapter reads its loss curves, final validation loss and samples from runs/book/
+(written by `xenith-edu train --seed 1337 --out runs/book`). This test reruns the first steps of
+that recipe with the seed the log records and compares them with the log, so a change of the model,
 the optimizer, the data pipeline or the recipe that would make the shipped figures stale fails.
 """
 
@@ -28,8 +28,8 @@ ATOL = {"loss": 1e-6, "grad_norm": 1e-4}
 def shipped() -> list[dict]:
     path = RUN / LOG
     if not path.exists():
-        pytest.fail(f"{path.relative_to(RUN.parents[1])} is missing: chapter 8 reads it; "
-                    "make it with `xenith-edu train --seed 1337 --out runs/book`")
+        pytest.fail(f"{path.relative_to(RUN.parents[1])} is missing: the training chapter reads "
+                    "it; make it with `xenith-edu train --seed 1337 --out runs/book`")
     return read_log(path)
 
 
@@ -38,7 +38,7 @@ def test_the_shipped_run_is_the_book_recipe(shipped):
     assert start["event"] == "start" and start["step"] == 0 and start["resumed_from"] is None
     tc = TrainConfig.from_dict(start["config"])
     assert tc == replace(BOOK, seed=tc.seed), "runs/book was made with other settings"
-    assert tc.seed == 1337, "chapter 8 gives the command with --seed 1337"
+    assert tc.seed == 1337, "the training chapter gives the command with --seed 1337"
     train_steps = [r["step"] for r in shipped if r["event"] == "train"]
     assert train_steps == list(range(tc.steps)), "the log does not hold every step once"
     evals = [r for r in shipped if r["event"] == "eval"]
@@ -59,11 +59,14 @@ def test_first_steps_rerun_match_the_shipped_log(shipped, tmp_path):
         want = np.array([r[key] for r in logged])
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL[key],
                                    err_msg=f"{key} of the first {STEPS} steps differs from "
-                                   "runs/book/log.jsonl: rerun the book recipe and chapter 8")
+                                   "runs/book/log.jsonl: rerun the book recipe and the training "
+                                   "chapter")
     # the learning rate is computed, not measured: it must match to the last digit logged
     assert [r["lr"] for r in rerun] == [r["lr"] for r in logged]
-    # and the rerun's start record differs from the shipped one only where we changed it
+    # and the rerun's start record differs from the shipped one only where we changed it;
+    # settings added since the shipped run take their defaults, which that run used
     config = read_log(tmp_path / "rerun" / LOG)[0]["config"]
     assert config == asdict(short)
-    assert {k for k in config if config[k] != shipped[0]["config"][k]} <= {"steps",
-                                                                         "eval_batches"}
+    was = asdict(TrainConfig.from_dict(shipped[0]["config"]))
+    assert set(shipped[0]["config"]) <= set(was) == set(config)
+    assert {k for k in config if config[k] != was[k]} <= {"steps", "eval_batches"}

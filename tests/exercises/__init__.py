@@ -1,0 +1,1 @@
+"""The exercise checks, one test module per chapter, and the engine they share."""

@@ -1,0 +1,123 @@
+"""The KV-cache sampler against recomputing the whole context: same logits, same tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xenith_edu import Config, forward
+from xenith_edu.params import random_params
+from xenith_edu.sample import KVCache, _feed, _prepare, generate, kv_cache_bytes, sample_text
+
+
+def _model(dtype=np.float64, tie: bool = True, seq_len: int = 12, seed: int = 0):
+    cfg = Config(vocab_size=11, n_embd=16, n_head=2, n_layer=2, ffn_hidden=24, seq_len=seq_len,
+                 tie_embeddings=tie)
+    params = random_params(cfg, np.random.default_rng(seed), dtype=dtype)
+    return params, cfg
+
+
+def _empty_cache(params: dict, cfg: Config) -> KVCache:
+    shape = (cfg.n_layer, cfg.n_head, cfg.seq_len, cfg.head_dim)
+    return KVCache(np.full(shape, np.nan, params["wte"].dtype),
+                   np.full(shape, np.nan, params["wte"].dtype))
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_feeding_one_token_at_a_time_gives_the_forward_logits(tie: bool) -> None:
+    params, cfg = _model(tie=tie)
+    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, cfg.seq_len)
+    logits, _ = forward(params, cfg, ids[None, :])  # (1, S, V)
+    w, kv = _prepare(params, cfg), _empty_cache(params, cfg)
+    first = _feed(params, cfg, w, kv, ids[:3], 0)  # a prompt of three tokens at once
+    np.testing.assert_allclose(first, logits[0, 2], rtol=1e-12, atol=1e-12)
+    for t in range(3, cfg.seq_len):
+        step = _feed(params, cfg, w, kv, ids[t : t + 1], t)
+        np.testing.assert_allclose(step, logits[0, t], rtol=1e-12, atol=1e-12)
+    assert not np.isnan(kv.k).any() and not np.isnan(kv.v).any()  # every position stored
+
+
+@pytest.mark.parametrize(("dtype", "tie", "prompt_len", "new"), [
+    (np.float64, True, 1, 11),     # fills the context exactly
+    (np.float64, False, 5, 30),    # slides past seq_len: the cache is rebuilt
+    (np.float64, True, 20, 6),     # the prompt alone is longer than seq_len
+    (np.float32, True, 3, 25),
+])
+def test_same_tokens_as_recomputing_the_context(dtype, tie, prompt_len, new) -> None:
+    params, cfg = _model(dtype, tie)
+    prompt = np.random.default_rng(2).integers(0, cfg.vocab_size, prompt_len)
+    for seed in range(3):
+        cached = generate(params, cfg, prompt, new, np.random.default_rng(seed), 0.9)
+        plain = generate(params, cfg, prompt, new, np.random.default_rng(seed), 0.9,
+                         kv_cache=False)
+        assert cached.shape == (prompt_len + new,)
+        np.testing.assert_array_equal(cached, plain)
+
+
+def test_top_k_and_greedy_agree_too() -> None:
+    params, cfg = _model()
+    prompt = np.array([3, 1, 4])
+    for top_k in (1, 3):
+        a = generate(params, cfg, prompt, 15, np.random.default_rng(5), 1.3, top_k)
+        b = generate(params, cfg, prompt, 15, np.random.default_rng(5), 1.3, top_k, False)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sample_text_uses_the_cache_by_default_and_matches() -> None:
+    from xenith_edu.data import CharTokenizer
+
+    params, cfg = _model()
+    tok = CharTokenizer("\nabcdefghij")
+    a = sample_text(params, cfg, tok, "ab", 20, seed=4)
+    b = sample_text(params, cfg, tok, "ab", 20, seed=4, kv_cache=False)
+    assert a == b and a.startswith("ab") and len(a) == 22
+
+
+def test_zero_new_tokens_and_inputs_unchanged() -> None:
+    params, cfg = _model()
+    before = {k: p.copy() for k, p in params.items()}
+    prompt = np.array([1, 2, 3])
+    np.testing.assert_array_equal(generate(params, cfg, prompt, 0, np.random.default_rng(0)),
+                                  prompt)
+    generate(params, cfg, prompt, 5, np.random.default_rng(0))
+    for k, p in params.items():
+        np.testing.assert_array_equal(p, before[k])
+
+
+def test_bad_prompts_raise_on_the_cached_path() -> None:
+    params, cfg = _model()
+    with pytest.raises(ValueError, match="prompt_ids"):
+        generate(params, cfg, np.array([1, 99]), 3, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="empty"):
+        generate(params, cfg, np.array([], dtype=np.int64), 3, np.random.default_rng(0))
+    with pytest.raises(TypeError, match="rng"):
+        generate(params, cfg, np.array([1]), 3, 0)
+    with pytest.raises(ValueError, match="missing"):
+        generate({"wte": params["wte"]}, cfg, np.array([1]), 3, np.random.default_rng(0))
+
+
+def test_kv_cache_bytes_counts_keys_and_values_of_every_layer() -> None:
+    cfg = Config(vocab_size=76, n_embd=128, n_head=4, n_layer=4, seq_len=64)
+    assert kv_cache_bytes(cfg, 4) == 2 * 4 * 4 * 64 * 32 * 4  # 256 KiB in float32
+    assert kv_cache_bytes(cfg, 8, batch=3) == 3 * 2 * kv_cache_bytes(cfg, 4)
+
+
+def test_the_sample_command_uses_the_kv_cache(tmp_path, monkeypatch, capsys) -> None:
+    import xenith_edu.sample as sample
+    from xenith_edu.checkpoint import save_checkpoint
+    from xenith_edu.cli import main
+
+    params, cfg = _model(np.float32)
+    zeros = {k: np.zeros_like(p) for k, p in params.items()}
+    save_checkpoint(tmp_path / "ckpt.npz", params, zeros, zeros, 1, np.random.default_rng(0),
+                    cfg, "\nabcdefghij")
+    fed = []
+    real_feed = sample._feed
+    monkeypatch.setattr(sample, "_feed", lambda *a: fed.append(len(a[4])) or real_feed(*a))
+    assert main(["sample", str(tmp_path / "ckpt.npz"), "--prompt", "abc", "--chars", "6",
+                 "--seed", "1"]) == 0
+    text = capsys.readouterr().out.rstrip("\n")
+    assert fed == [3, 1, 1, 1, 1, 1]  # the prompt once, then one token at a time
+    tok = sample.CharTokenizer("\nabcdefghij")
+    # 0.8: the command's default temperature
+    assert text == sample_text(params, cfg, tok, "abc", 6, 0.8, seed=1, kv_cache=False)

@@ -1,0 +1,371 @@
+"""The sandbox a submission runs in: bubblewrap, an unprivileged uid, no network, rlimits.
+Where bubblewrap is missing, the same worker runs with only the limits, and one warning says so.
+
+One sandbox per learner: a private, writable copy of the learner's folder, the rest of the
+filesystem read-only (only what Python, NumPy and the package need) or absent, its own PID,
+network, IPC and UTS namespaces, a scrubbed environment, no controlling terminal, limits on
+memory, CPU time, processes, file size and open files, and a wall-clock deadline. Its
+whole process tree has ended when `run_sandbox` returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import wire
+
+HOME = "/home/learner"  # where the sandbox sees the copy of the learner's folder
+UID_BASE = 65000  # job slot k runs as uid UID_BASE + k when the grader is root
+MAX_FOLDER = 200 * 2**20  # bytes: a learner's folder larger than this is not copied
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # xenith_edu
+WARNING = ("warning: bubblewrap (bwrap) is not installed, so the learners' code is NOT "
+           "isolated: it can read and write every file your user can, use the network, and "
+           "leave processes behind; only the time, memory, CPU, process and file-size limits "
+           "apply (install bubblewrap, e.g. apt-get install bubblewrap, or grade in a VM)")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one sandbox may use. memory: bytes of address space per process."""
+
+    memory: int = 2 * 2**30
+    cpu: int = 600  # seconds of CPU time per process
+    nproc: int = 64  # processes and threads of the sandbox's uid
+    fsize: int = 256 * 2**20  # bytes: the largest file it may write
+    nofile: int = 256
+
+    def as_dict(self) -> dict:
+        return {"memory": self.memory, "cpu": self.cpu, "nproc": self.nproc,
+                "fsize": self.fsize, "nofile": self.nofile, "core": 0}
+
+
+def bwrap() -> str | None:
+    """The bubblewrap executable, or None where it is not installed."""
+    return shutil.which("bwrap")
+
+
+def isolation() -> str:
+    """A one-line description of the isolation grading gets on this machine."""
+    if bwrap():
+        return ("bubblewrap: private copy of the learner's folder, read-only system, no "
+                "network, own PID namespace, unprivileged uid, scrubbed environment, rlimits")
+    return "none (bubblewrap missing): rlimits, scrubbed environment and time limits only"
+
+
+class FolderTooLarge(ValueError):
+    """A learner's folder holds more than MAX_FOLDER bytes."""
+
+
+def private_copy(source: Path, into: Path) -> Path:
+    """Copy the learner's notebook or folder into `into`/learner, never following a link."""
+    dest = into / "learner"
+    if source.is_dir():
+        total = 0
+        for root, _dirs, files in os.walk(source):
+            for name in files:
+                total += os.lstat(os.path.join(root, name)).st_size
+                if total > MAX_FOLDER:
+                    raise FolderTooLarge(f"the folder holds more than {MAX_FOLDER >> 20} MiB")
+        shutil.copytree(source, dest, symlinks=True)
+    else:
+        dest.mkdir()
+        shutil.copy2(source, dest / source.name, follow_symlinks=False)
+    return dest
+
+
+def _chown_tree(path: Path, uid: int) -> None:
+    for root, dirs, files in os.walk(path):
+        os.lchown(root, uid, uid)
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), uid, uid)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a sandbox's folder, even where the learner's code took permissions away."""
+    def retry(func, p, _exc):
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            os.chmod(p, 0o700)
+        except OSError:
+            pass
+        try:
+            func(p)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=retry)
+
+
+# ----------------------------------------------------------------------------------------------
+# The bubblewrap command line.
+
+
+def _read_only_paths() -> list[str]:
+    """What Python, NumPy and the package need, and nothing above it."""
+    import numpy
+
+    wanted = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
+              os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
+              str(PACKAGE_DIR), os.path.dirname(os.path.dirname(numpy.__file__))}
+    paths: list[str] = []
+    for p in sorted({os.path.realpath(w) for w in wanted} | wanted, key=len):
+        if os.path.isdir(p) and p != "/" and not any(p == q or p.startswith(q.rstrip("/") + "/")
+                                                      for q in paths + ["/usr"]):
+            paths.append(p)
+    return paths
+
+
+def _others_can_read(paths: list[str]) -> bool:
+    for p in paths:
+        parts = Path(p).parts
+        for n in range(1, len(parts) + 1):
+            if not os.stat(Path(*parts[:n])).st_mode & 0o005 == 0o005:
+                return False
+    return True
+
+
+def _ancestors(paths: list[str]) -> list[str]:
+    made: list[str] = []
+    for p in paths:
+        parts = Path(p).parts
+        for n in range(2, len(parts)):
+            a = str(Path(*parts[:n]))
+            if a not in made and a != "/usr" and not a.startswith("/usr/"):
+                made.append(a)
+    return made
+
+
+def bwrap_command(workdir: Path, info_fd: int, extra_ro: list[tuple[str, str]]) -> list[str]:
+    """The bwrap arguments for a sandbox whose learner's copy is `workdir`."""
+    cmd = [bwrap() or "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+           "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox",
+           "--die-with-parent", "--new-session", "--clearenv", "--info-fd", str(info_fd),
+           "--ro-bind", "/usr", "/usr"]
+    if os.getuid() == 0:  # the worker drops to its own uid itself: it keeps only that right
+        cmd += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        cmd += ["--unshare-user", "--uid", "65534", "--gid", "65534"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
+        if os.path.islink(top):
+            cmd += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            cmd += ["--ro-bind", top, top]
+    if os.path.exists("/etc/ld.so.cache"):
+        cmd += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    ro = _read_only_paths()
+    for a in _ancestors(ro + [HOME]):
+        cmd += ["--perms", "0755", "--dir", a]
+    for p in ro:
+        cmd += ["--ro-bind", p, p]
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            "--perms", "0777", "--dir", "/tmp/matplotlib"]
+    for src, dest in extra_ro:
+        cmd += ["--ro-bind", src, dest]
+    cmd += ["--bind", str(workdir), HOME, "--chdir", HOME]
+    for key, value in environment(HOME, "/tmp/matplotlib").items():
+        cmd += ["--setenv", key, value]
+    return cmd + ["--"]
+
+
+def environment(home: str, mpl: str) -> dict[str, str]:
+    """The whole environment the learner's code sees: nothing of the grader's."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8",
+            "MPLBACKEND": "Agg", "MPLCONFIGDIR": mpl, "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
+            "TMPDIR": "/tmp"}
+
+
+def check_works() -> None:
+    """Raise ValueError, in one line, if bubblewrap is installed but cannot sandbox here."""
+    if not bwrap():
+        return
+    with tempfile.TemporaryDirectory(prefix="xenith-probe-") as tmp:
+        cmd = bwrap_command(Path(tmp), 2, []) + [sys.executable, "-I", "-c", "pass"]
+        run = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    if run.returncode != 0:
+        why = " ".join(run.stderr.decode("utf-8", "replace").split())[:200] or \
+            f"exit status {run.returncode}"
+        raise ValueError(f"bubblewrap is installed but cannot make a sandbox here ({why}); "
+                         "allow unprivileged user namespaces, or run the grader as root")
+
+
+def worker_command() -> list[str]:
+    boot = (f"import sys; sys.path.insert(0, {str(PACKAGE_DIR.parent)!r}); "
+            "from xenith_edu.classroom.worker import main; main()")
+    return [sys.executable, "-I", "-c", boot]
+
+
+def font_cache() -> list[tuple[str, str]]:
+    """Matplotlib's font list, read-only in the sandbox, so no sandbox rebuilds it."""
+    try:
+        import matplotlib
+        from matplotlib import font_manager  # noqa: F401  builds the cache if missing
+    except ImportError:
+        return []
+    found = sorted(Path(matplotlib.get_cachedir()).glob("fontlist-*.json"))
+    return [(str(p), f"/tmp/matplotlib/{p.name}") for p in found[-1:]]
+
+
+# ----------------------------------------------------------------------------------------------
+# One sandbox run.
+
+
+_LIVE: set[subprocess.Popen] = set()  # the sandboxes running now, ended by `stop_all`
+_LIVE_LOCK = threading.Lock()
+ABORT = threading.Event()  # set when the grader is interrupted: nothing more is journaled
+
+
+def stop_all() -> None:
+    """End every running sandbox now (the grader was interrupted)."""
+    ABORT.set()
+    with _LIVE_LOCK:
+        for proc in list(_LIVE):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+@dataclass
+class SandboxRun:
+    """What came back from one sandbox: the frames, and why it ended if it did not say bye."""
+
+    frames: list[tuple[dict, list[bytes]]]
+    problem: str | None  # None when the worker said bye
+    stderr: str
+
+
+def run_sandbox(workdir: Path, request: dict, inputs: list[bytes], seconds: float, slot: int,
+                fonts: list[tuple[str, str]]) -> SandboxRun:
+    """Run the worker on `request` in a sandbox over `workdir`, stopped after `seconds`;
+    `inputs[i]` is the frame sent when notebook i's cells have run."""
+    uid = UID_BASE + slot if os.getuid() == 0 else None
+    if uid is not None and not bwrap() and not _others_can_read(_read_only_paths()):
+        uid = None  # without a sandbox, another uid could not even read the interpreter
+    if uid is not None:
+        _chown_tree(workdir, uid)
+    err = tempfile.TemporaryFile()
+    info_r, info_w = os.pipe()
+    use_bwrap = bwrap() is not None
+    if use_bwrap:
+        cmd, env, cwd = bwrap_command(workdir, info_w, fonts) + worker_command(), {}, None
+    else:
+        mpl = workdir.parent / "matplotlib"
+        mpl.mkdir(exist_ok=True)
+        if uid is not None:
+            os.chown(mpl, uid, uid)
+        cmd, env, cwd = worker_command(), environment(str(workdir), str(mpl)), str(workdir)
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                            env=env, cwd=cwd, pass_fds=(info_w,), start_new_session=True)
+    os.close(info_w)
+    with _LIVE_LOCK:
+        _LIVE.add(proc)
+    inner = _inner_pid(info_r) if use_bwrap else None
+    os.close(info_r)
+    frames: list = []
+    # the worker may end the learner's other processes only where it cannot reach anyone
+    # else's: in its own PID namespace, or under a uid of its own
+    sweep = use_bwrap or uid is not None
+    problem = _converse(proc, {**request, "op": "start", "uid": uid, "sweep": sweep}, inputs,
+                        seconds, frames)
+    _stop(proc, inner)
+    with _LIVE_LOCK:
+        _LIVE.discard(proc)
+    err.seek(0)
+    tail = err.read()[-4000:].decode("utf-8", "replace")
+    err.close()
+    return SandboxRun(frames, problem, tail)
+
+
+def _inner_pid(fd: int) -> int | None:
+    """The sandbox's PID 1, as bwrap reports it on its info fd."""
+    data = b""
+    deadline = time.monotonic() + 10
+    while b"}" not in data:
+        try:
+            chunk = wire.read_exact(fd, 1, deadline)
+        except wire.ChannelError:
+            return None
+        data += chunk
+    try:
+        return int(json.loads(data.decode())["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _converse(proc: subprocess.Popen, request: dict, inputs: list[bytes], seconds: float,
+              frames: list) -> str | None:
+    """Send the request, answer each "ran" with that notebook's inputs, read frames until
+    bye; the problem that ended the run otherwise."""
+    try:
+        wire.write_frame(proc.stdin.fileno(), wire.pack(request))
+    except OSError:
+        return "the sandbox did not start"
+    deadline = time.monotonic() + seconds
+    fd = proc.stdout.fileno()
+    while True:
+        try:
+            got = wire.message(wire.read_frame(fd, deadline))
+        except wire.Deadline:
+            return f"the sandbox was stopped after {seconds:g} s"
+        except wire.ChannelError as exc:
+            if frames:
+                return "the sandbox's processes were ended from inside it (by the learner's code?)"
+            return f"the sandbox ended early ({exc})"
+        frames.append(got)
+        op, i = got[0].get("op"), got[0].get("nb")
+        if op in ("bye", "error"):
+            return None
+        if op == "ran" and type(i) is int and 0 <= i < len(inputs):
+            try:
+                wire.write_frame(proc.stdin.fileno(), inputs[i])
+            except OSError:
+                return "the sandbox ended early (it stopped reading)"
+
+
+def _stop(proc: subprocess.Popen, inner: int | None) -> None:
+    """End the sandbox's whole process tree, and wait until it has ended."""
+    try:
+        proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in ([inner] if inner else []):
+        try:
+            os.kill(pid, signal.SIGKILL)  # PID 1 of the sandbox: the kernel ends all the rest
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+    if inner:
+        _wait_gone(inner)
+
+
+def _wait_gone(pid: int, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    return  # a zombie: ended, waiting for its parent to reap it
+        except OSError:
+            return
+        time.sleep(0.01)
