@@ -435,3 +435,40 @@ def test_causal_mask_values_and_dtype():
     assert m.dtype == np.float32  # the default
     np.testing.assert_array_equal(m, [[0, -np.inf, -np.inf], [0, 0, -np.inf], [0, 0, 0]])
     assert causal_mask(2, np.float64).dtype == np.float64
+
+
+def _attention_reference(q, k, v):
+    """softmax(q k^T / sqrt(hd) + mask) v, each row shifted by its own max, in float64."""
+    S, hd = q.shape[-2], q.shape[-1]
+    s = q.astype(np.float64) @ np.swapaxes(k, -1, -2).astype(np.float64) / np.sqrt(hd)
+    s = np.where(np.tril(np.ones((S, S), dtype=bool)), s, -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (p / p.sum(axis=-1, keepdims=True)) @ v.astype(np.float64)
+
+
+def test_attention_rows_with_very_different_scores():
+    """Each query row is shifted by its own max: a global max, or adding the max instead of
+    subtracting it, underflows the small rows or overflows the large ones."""
+    from xenith_edu.attention import causal_attention_forward
+
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((1, 2, 4, 6)) for _ in range(3))
+    q[..., 1, :] *= 300.0  # scores of order 1000 in row 1, of order 1 elsewhere
+    k[..., :2, :] = q[..., 1:2, :] / 300.0
+    with np.errstate(all="ignore"):
+        out, _ = causal_attention_forward(q, k, v)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, _attention_reference(q, k, v), rtol=1e-10, atol=1e-12)
+
+
+def test_attention_keeps_float32():
+    from xenith_edu.attention import causal_attention_backward, causal_attention_forward
+
+    rng = np.random.default_rng(10)
+    q, k, v = (rng.standard_normal((2, 2, 5, 4)).astype(np.float32) for _ in range(3))
+    out, cache = causal_attention_forward(q, k, v)
+    assert out.dtype == np.float32
+    assert all(a.dtype == np.float32 for a in cache if isinstance(a, np.ndarray))
+    grads = causal_attention_backward(np.ones_like(out), cache)
+    assert [g.dtype for g in grads] == [np.float32] * 3
+    np.testing.assert_allclose(out, _attention_reference(q, k, v), rtol=1e-5, atol=1e-6)

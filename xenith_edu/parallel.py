@@ -145,7 +145,8 @@ class DataParallel:
         x, y = self.shard(x), self.shard(y)  # (B/K, S) each
         if self.overlap:
             return self._overlapped(params, cfg, x, y)
-        loss, grads = loss_and_grads(params, cfg, x, y, recompute=self.recompute)
+        recompute = {"recompute": True} if self.recompute else {}  # the default: plain
+        loss, grads = loss_and_grads(params, cfg, x, y, **recompute)
         t0 = time.perf_counter()
         flat = np.concatenate([g.ravel() for g in grads.values()])  # one message, not twelve
         self.comm.Allreduce(self.MPI.IN_PLACE, flat, op=self.MPI.SUM)  # the sum over ranks

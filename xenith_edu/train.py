@@ -179,10 +179,11 @@ def train_step(params: Params, m: Params, v: Params, step: int, lr: float, cfg: 
     TrainingDiverged, before changing anything, if the loss or the norm is not finite.
     See the training chapter.
     """
-    if grads_fn is None:
-        loss, grads = loss_and_grads(params, cfg, x, y, recompute=tc.recompute)  # fwd, bwd
-    else:
-        loss, grads = grads_fn(params, cfg, x, y)  # forward, backward (on every rank)
+    if grads_fn is None:  # forward, backward
+        recompute = {"recompute": True} if tc.recompute else {}
+        loss, grads = loss_and_grads(params, cfg, x, y, **recompute)
+    else:  # a data-parallel run's: the same on every rank, then the all-reduce
+        loss, grads = grads_fn(params, cfg, x, y)
     grads, norm = clip_by_global_norm(grads, tc.grad_clip)  # clip
     if not (math.isfinite(loss) and math.isfinite(norm)):
         bad = f"loss became {loss}" if not math.isfinite(loss) else f"gradient norm became {norm}"

@@ -97,7 +97,7 @@ def main() -> None:
 
     # legend: where each chapter's gradient enters
     legend = [(c.slug, f"ch. {chapters.number(c.slug)}: {c.title}") for c in chapters.CHAPTERS
-              if c.numbered]
+              if c.slug in COLOR]  # the chapters that derive a step's gradient
     per_column = 4
     width = 9.8 / -(-len(legend) // per_column)  # the columns share the figure's width
     for j, (slug, text) in enumerate(legend):

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from . import engine
 from .engine import Case, CheckResult, Mistake, Spec, amax, check, randn
 
 # Shape legend: N positions, d width, m output width of the linear layer.
@@ -44,7 +45,7 @@ def block_forward(x: np.ndarray, w: np.ndarray, W: np.ndarray, target: np.ndarra
                   eps: float) -> tuple[float, dict[str, np.ndarray]]:
     """RMSNorm then a linear layer, scored by a squared error, as ten atomic steps.
 
-    Returns the loss and every intermediate by name. See "The rules of backprop" chapter.
+    Returns the loss and every intermediate by name. See the "The rules of backprop" chapter.
     """
     sq = x**2  # (N, d)
     ms = sq.mean(axis=1, keepdims=True)  # (N, 1)
@@ -115,7 +116,8 @@ def _mistakes(args: tuple, exp: dict) -> list[Mistake]:
 
     def at(name: str, text: str, value: Callable[[], np.ndarray]) -> Mistake:
         step = next(s for n, s, _ in STEPS if n == name)
-        return f"{name} ({step}): {text}", lambda: {name: value()}
+        above = OUT_NAMES[:OUT_NAMES.index(name)]  # a mistake here leaves these right
+        return f"{name} ({step}): {text}", lambda: {**{n: g[n] for n in above}, name: value()}
 
     def dx_with(dsq: np.ndarray) -> np.ndarray:
         return g["dxhat"] * c["r"] + dsq * 2 * x
@@ -198,8 +200,9 @@ def _first_wrong(args: tuple, exp: dict, got: dict, wrong: set, tol: float) -> l
             later = [n for n, _, _ in STEPS[OUT_NAMES.index(name) + 1:] if n in wrong]
             tail = (f" The later wrong ones ({', '.join(later)}) are computed from it: fix "
                     f"{name} first.") if later else ""
+            pattern = engine._generic(name, got[name], exp[name], tol, {})  # sign, zeros...
             return [f"the first wrong gradient, going backward, is {name} ({step}). Its row "
-                    f"of the duality table: {rule}.{tail}"]
+                    f"of the duality table: {rule}.{tail}" + (f" ({pattern})" if pattern else "")]
     return []
 
 
@@ -209,7 +212,9 @@ def _floor(args: tuple) -> dict[str, float]:
     N, d = x.shape
     g = dict(zip(OUT_NAMES, block_backward(*args), strict=True))
     _, c = block_forward(*args)
-    return {"dW": N * amax(c["y"], g["dout"]), "dy": W.shape[1] * amax(g["dout"], W),
+    return {"de": 1 / (2 * N), "ddiff": 2 * amax(g["de"], c["diff"]),
+            "dout": 2 * amax(g["de"], c["diff"]), "dxhat": amax(g["dy"], w),
+            "dW": N * amax(c["y"], g["dout"]), "dy": W.shape[1] * amax(g["dout"], W),
             "dw": N * amax(g["dy"], c["xhat"]), "dr": d * amax(g["dxhat"], x),
             "dvar": 0.5 * amax(g["dr"], c["var"] ** -1.5),
             "dms": 0.5 * amax(g["dr"], c["var"] ** -1.5),
@@ -248,7 +253,7 @@ BLOCK = Spec(
 
 def check_rules_block(fn: Callable) -> CheckResult:
     """`fn(x (N,d), w (d,), W (d,m), target (N,m), eps) -> (de, ddiff, ..., dx)`, the twelve
-    gradients in the backward order. See "The rules of backprop" chapter."""
+    gradients in the backward order. See the "The rules of backprop" chapter."""
     return check(BLOCK, fn)
 
 
