@@ -41,6 +41,7 @@ from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
 logger = logging.getLogger(__name__)
+ROOT = Path(__file__).resolve().parents[2]  # the repository: _toc.yml, notebooks/
 
 MATHJAX_ENTRY = "tex-chtml.js"  # TeX input, CommonHTML output (fonts as woff files)
 # What tex-chtml.js loads on demand, relative to MathJax's es5/ folder: TeX extensions
@@ -131,8 +132,9 @@ def chapter_rows(columns: str) -> list[str]:
         module = importlib.import_module(c.exercises)
         names = getattr(module, "__all__", None) or sorted(
             n for n in vars(module) if n.startswith("check_"))
-        first = True
-        for name in (n for n in names if n.startswith("check_")):
+        notebook = (ROOT / f"{c.notebook}.ipynb").read_text(encoding="utf-8")
+        first = True  # a check the chapter no longer calls (a replaced one) is not listed
+        for name in (n for n in names if n.startswith("check_") and f"{n}(" in notebook):
             doc = (getattr(module, name).__doc__ or "").strip().split("\n\n")[0]
             lead = f"{number(c)} | {{doc}}`/{c.notebook}`" if first else " | "
             rows.append(f"| {lead} | {_cell(doc)} | `{name}` |")
