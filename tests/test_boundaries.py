@@ -472,3 +472,12 @@ def test_attention_keeps_float32():
     grads = causal_attention_backward(np.ones_like(out), cache)
     assert [g.dtype for g in grads] == [np.float32] * 3
     np.testing.assert_allclose(out, _attention_reference(q, k, v), rtol=1e-5, atol=1e-6)
+
+
+def test_sigmoid_and_silu_take_scalars_as_a_learner_would_call_them():
+    from xenith_edu.swiglu import sigmoid, silu
+
+    for z in (np.float64(0.5), np.array(0.5), 0.5):
+        assert sigmoid(z) == pytest.approx(1 / (1 + np.exp(-0.5)), rel=1e-15)
+        assert silu(z) == pytest.approx(0.5 / (1 + np.exp(-0.5)), rel=1e-15)
+    assert sigmoid(np.float32(2.0)).dtype == np.float32

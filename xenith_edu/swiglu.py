@@ -35,6 +35,9 @@ def sigmoid(z: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     the right limit: the overflow is expected, so its warning is silenced.
     """
     s = np.negative(z, out=out)
+    if not isinstance(s, np.ndarray):  # a scalar or 0-d input: no array to work in place
+        with np.errstate(over="ignore"):
+            return 1.0 / (1.0 + np.exp(s))
     with np.errstate(over="ignore"):
         np.exp(s, out=s)
     s += 1.0
