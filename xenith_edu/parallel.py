@@ -15,6 +15,7 @@ import time
 import traceback
 import zlib
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -145,8 +146,8 @@ class DataParallel:
         x, y = self.shard(x), self.shard(y)  # (B/K, S) each
         if self.overlap:
             return self._overlapped(params, cfg, x, y)
-        recompute = {"recompute": True} if self.recompute else {}  # the default: plain
-        loss, grads = loss_and_grads(params, cfg, x, y, **recompute)
+        grads_fn = partial(loss_and_grads, recompute=True) if self.recompute else loss_and_grads
+        loss, grads = grads_fn(params, cfg, x, y)  # this shard's mean loss and gradients
         t0 = time.perf_counter()
         flat = np.concatenate([g.ravel() for g in grads.values()])  # one message, not twelve
         self.comm.Allreduce(self.MPI.IN_PLACE, flat, op=self.MPI.SUM)  # the sum over ranks

@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -179,11 +180,9 @@ def train_step(params: Params, m: Params, v: Params, step: int, lr: float, cfg: 
     TrainingDiverged, before changing anything, if the loss or the norm is not finite.
     See the training chapter.
     """
-    if grads_fn is None:  # forward, backward
-        recompute = {"recompute": True} if tc.recompute else {}
-        loss, grads = loss_and_grads(params, cfg, x, y, **recompute)
-    else:  # a data-parallel run's: the same on every rank, then the all-reduce
-        loss, grads = grads_fn(params, cfg, x, y)
+    if grads_fn is None:  # one process: the model's own, recomputing if the settings say so
+        grads_fn = partial(loss_and_grads, recompute=True) if tc.recompute else loss_and_grads
+    loss, grads = grads_fn(params, cfg, x, y)  # forward, backward
     grads, norm = clip_by_global_norm(grads, tc.grad_clip)  # clip
     if not (math.isfinite(loss) and math.isfinite(norm)):
         bad = f"loss became {loss}" if not math.isfinite(loss) else f"gradient norm became {norm}"
