@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -162,13 +163,15 @@ def bwrap_command(workdir: Path, info_fd: int, extra_ro: list[tuple[str, str]]) 
             cmd += ["--ro-bind", top, top]
     if os.path.exists("/etc/ld.so.cache"):
         cmd += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    # a private /tmp first: the read-only binds below go on top of it, so a checkout or an
+    # environment that lives under /tmp stays visible
+    cmd += ["--tmpfs", "/tmp", "--perms", "0777", "--dir", "/tmp/matplotlib"]
     ro = _read_only_paths()
     for a in _ancestors(ro + [HOME]):
         cmd += ["--perms", "0755", "--dir", a]
     for p in ro:
         cmd += ["--ro-bind", p, p]
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-            "--perms", "0777", "--dir", "/tmp/matplotlib"]
+    cmd += ["--proc", "/proc", "--dev", "/dev"]
     for src, dest in extra_ro:
         cmd += ["--ro-bind", src, dest]
     cmd += ["--bind", str(workdir), HOME, "--chdir", HOME]
@@ -193,8 +196,9 @@ def check_works() -> None:
         cmd = bwrap_command(Path(tmp), 2, []) + [sys.executable, "-I", "-c", "pass"]
         run = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
     if run.returncode != 0:
-        why = " ".join(run.stderr.decode("utf-8", "replace").split())[:200] or \
-            f"exit status {run.returncode}"
+        text = run.stderr.decode("utf-8", "replace")
+        text = re.sub(r"^\s*\{.*?\}", "", text, count=1, flags=re.S)  # bwrap's --info-fd record
+        why = " ".join(text.split())[:200] or f"exit status {run.returncode}"
         raise ValueError(f"bubblewrap is installed but cannot make a sandbox here ({why}); "
                          "allow unprivileged user namespaces, or run the grader as root")
 

@@ -106,22 +106,28 @@ def _cases(rng: np.random.Generator) -> list[Case]:
     return cases
 
 
-def _mistakes(args: tuple, exp: dict) -> list[Mistake]:
-    """Each known mistake at one step, computed from the right gradients above that step."""
-    x, w, W, target, eps = args
-    _, c = block_forward(x, w, W, target, eps)
-    N, d = x.shape
-    m = W.shape[1]
-    g = exp  # the right gradients, by name
-
+def _maker(g: dict) -> Callable[[str, str, Callable[[], np.ndarray]], Mistake]:
+    """`at(name, text, value)`: a mistake at one step, which leaves every step above it right."""
     def at(name: str, text: str, value: Callable[[], np.ndarray]) -> Mistake:
         step = next(s for n, s, _ in STEPS if n == name)
         above = OUT_NAMES[:OUT_NAMES.index(name)]  # a mistake here leaves these right
         return f"{name} ({step}): {text}", lambda: {**{n: g[n] for n in above}, name: value()}
 
-    def dx_with(dsq: np.ndarray) -> np.ndarray:
-        return g["dxhat"] * c["r"] + dsq * 2 * x
+    return at
 
+
+def _mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    """Each known mistake at one step, computed from the right gradients above that step."""
+    return _head_mistakes(args, exp) + _norm_mistakes(args, exp)
+
+
+def _head_mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    """Mistakes in the loss and the linear layer: steps 10 down to 7."""
+    x, w, W, target, eps = args
+    _, c = block_forward(x, w, W, target, eps)
+    N, d = x.shape
+    m = W.shape[1]
+    g, at = exp, _maker(exp)  # the right gradients, by name
     return [
         at("de", "the 1 / (2N) of the loss is missing: every entry of de is 1 / (2N) (sum).",
            lambda: np.ones_like(c["e"])),
@@ -143,6 +149,20 @@ def _mistakes(args: tuple, exp: dict) -> list[Mistake]:
            lambda: x.T @ g["dout"]),
         at("dy", "dy uses W where the matmul rule needs its transpose: dy = dout @ W.T.",
            lambda: (g["dout"] @ W) if d == m else None),
+    ]
+
+
+def _norm_mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    """Mistakes in RMSNorm and its gain: steps 6 down to 1."""
+    x, w, W, target, eps = args
+    _, c = block_forward(x, w, W, target, eps)
+    N, d = x.shape
+    g, at = exp, _maker(exp)  # the right gradients, by name
+
+    def dx_with(dsq: np.ndarray) -> np.ndarray:
+        return g["dxhat"] * c["r"] + dsq * 2 * x
+
+    return [
         at("dw", "dw uses x where xhat is needed: y = xhat * w, so dw sums dy * xhat.",
            lambda: (g["dy"] * x).sum(axis=0)),
         at("dw", "dw misses the factor xhat: y = xhat * w, so dw sums dy * xhat over the rows.",
