@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -270,21 +271,9 @@ def _bug_mistakes(args: tuple, exp: dict) -> list[Mistake]:
                               strict=True)))] + _attention_mistakes(args, exp)
 
 
-ATTENTION_BUG = Spec(
-    id="attention_find_the_bug",
-    reference_name="xenith_edu.attention.causal_attention_backward",
-    arg_names=("dout", "q", "k", "v"),
-    out_names=("dq", "dk", "dv"),
-    kinds=("array",) * 3,
-    reference=_attention_reference,
-    cases=_attention_cases,
-    seed=407,
-    summary="float64 and float32, S = 1 to 7, square S = hd, scores up to ~1.5e3",
-    mistakes=_bug_mistakes,
-    probes=_attention_probes,
-    probe_hint=_attention_probe_hint,
-    floor=attention_floor,
-)
+# the same inputs and judge as the attention backward, with the planted bug among the mistakes
+ATTENTION_BUG = replace(ATTENTION, id="attention_find_the_bug", seed=407,
+                        mistakes=_bug_mistakes, factors=None)
 
 
 def check_attention_find_the_bug(fn: Callable) -> CheckResult:
