@@ -481,3 +481,14 @@ def test_sigmoid_and_silu_take_scalars_as_a_learner_would_call_them():
         assert sigmoid(z) == pytest.approx(1 / (1 + np.exp(-0.5)), rel=1e-15)
         assert silu(z) == pytest.approx(0.5 / (1 + np.exp(-0.5)), rel=1e-15)
     assert sigmoid(np.float32(2.0)).dtype == np.float32
+
+
+def test_sigmoid_of_a_large_negative_scalar_is_zero_without_a_warning():
+    import warnings
+
+    from xenith_edu.swiglu import sigmoid
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sigmoid(np.float64(-1000.0)) == 0.0
+
