@@ -9,7 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xenith_edu.attention import causal_attention_backward, causal_attention_forward
+from xenith_edu.attention import (
+    _kept_mask,
+    causal_attention_backward,
+    causal_attention_forward,
+    causal_mask,
+)
 from xenith_edu.embedding import embedding_backward, embedding_forward
 from xenith_edu.gradcheck import check_gradient
 from xenith_edu.linear import linear_backward, linear_forward
@@ -158,6 +163,17 @@ def test_attention_matches_definition_and_is_causal(rng):
     np.testing.assert_array_equal(out2[..., :-1, :], out[..., :-1, :])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kept_mask_is_the_causal_mask_and_cannot_be_changed(dtype):
+    """The forward adds a mask made once and kept: the same values as `causal_mask`, and
+    read-only, so no caller can change the mask of every later call."""
+    mask = _kept_mask(7, np.dtype(dtype))
+    np.testing.assert_array_equal(mask, causal_mask(7, dtype))
+    assert mask.dtype == dtype and _kept_mask(7, np.dtype(dtype)) is mask
+    with pytest.raises(ValueError):
+        mask[0, 1] = 0.0
+
+
 # -- RoPE ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", [(2, 3, 5, 8), (1, 1, 1, 2), (4, 6)])
@@ -169,6 +185,23 @@ def test_rope_gradient(rng, shape):
     du = rope_backward(G, cache)
     assert_passes(check_gradient(lambda z: float(np.sum(rope_forward(z, cos, sin)[0] * G)),
                                  u, du, name="u", tol=TOL))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rope_backward_into_out_equals_a_new_array(rng, dtype):
+    """`out=` (the model writes dq and dk straight into its fused gradient) changes where the
+    result goes, not what it is: into a strided view, bit for bit the same as a new array."""
+    B, H, S, hd = 2, 3, 5, 8
+    cos, sin = rope_tables(S, hd)
+    dout = rng.standard_normal((B, H, S, hd)).astype(dtype)
+    _, cache = rope_forward(dout, cos.astype(dtype), sin.astype(dtype))
+    expected = rope_backward(dout, cache)
+    buf = np.full((B, S, 3 * H * hd), np.nan, dtype)  # heads of q | k | v, as the model has them
+    view = buf.reshape(B, S, 3 * H, hd).transpose(0, 2, 1, 3)[:, H : 2 * H]  # (B, H, S, hd)
+    result = rope_backward(dout, cache, out=view)
+    np.testing.assert_array_equal(result, expected)
+    np.testing.assert_array_equal(view, expected)
+    assert np.isnan(buf.reshape(B, S, 3, H * hd)[:, :, [0, 2]]).all()  # nothing else written
 
 
 def test_rope_matches_contract_and_inverts(rng):

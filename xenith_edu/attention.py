@@ -5,6 +5,7 @@ The causal attention chapter derives the backward, with the softmax's vector-Jac
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -28,6 +29,19 @@ def causal_mask(S: int, dtype: type = np.float32) -> np.ndarray:
     return np.triu(np.full((S, S), -np.inf, dtype=dtype), k=1)
 
 
+@lru_cache(maxsize=16)
+def _kept_mask(S: int, dtype: np.dtype) -> np.ndarray:
+    """`causal_mask(S, dtype)`, made once per (S, dtype) and kept, read-only.
+
+    Why keep it: adding a freshly made (S, S) mask to the (B, H, S, S) scores was measured at
+    about ten times the cost of adding the same values from an array made earlier (455 against
+    47 us at the book's sizes, 1.6 ms of a step).
+    """
+    mask = causal_mask(S, dtype)
+    mask.flags.writeable = False
+    return mask
+
+
 def causal_attention_forward(
     q: np.ndarray, k: np.ndarray, v: np.ndarray
 ) -> tuple[np.ndarray, AttentionCache]:
@@ -41,7 +55,7 @@ def causal_attention_forward(
     qs = np.multiply(q, q.dtype.type(scale), out=empty_like(q))  # (B, H, S, hd)
     att = np.matmul(qs, np.swapaxes(k, -1, -2), out=empty((*q.shape[:-1], S), q.dtype))
     # att (B, H, S, S): query rows, key columns
-    att += causal_mask(S, q.dtype)  # a key after the query gets -inf
+    att += _kept_mask(S, q.dtype)  # causal_mask(S): a key after the query gets -inf
     att -= att.max(axis=-1, keepdims=True)  # the diagonal is never masked: the max is finite
     np.exp(att, out=att)  # masked scores become exactly 0
     # the row sums as a product with a column of ones: one matrix product is five times faster

@@ -226,16 +226,19 @@ def attention_block_backward(
         dq, dk, dv = flash_attention_backward(da, cache.attention)  # (B, H, S, hd) each
     else:
         dq, dk, dv = causal_attention_backward(da, cache.attention)  # (B, H, S, hd) each
-    # q, k = rope(q), rope(k): rotate their gradients back by the opposite angle
-    dq, dk = rope_backward(dq, cache.rope), rope_backward(dk, cache.rope)  # (B, H, S, hd)
-    # the heads of q, k, v = split_heads(qkv): merge the three back into [dq | dk | dv] (N, 3d)
-    dqkv = empty((B, S, 3, H, hd), dout.dtype)
-    for i, g in enumerate((dq, dk, dv)):
-        np.copyto(dqkv[:, :, i], g.transpose(0, 2, 1, 3))  # (B, S, H, hd)
-    dqkv = dqkv.reshape(B * S, 3 * H * hd)  # (N, 3d)
+    # qkv = split_heads(xb @ [wq | wk | wv]): the gradient [dq | dk | dv] (N, 3d) of the fused
+    # product, seen through the same heads view as the forward's
+    dqkv = empty((B * S, 3 * H * hd), dout.dtype)  # (N, 3d)
+    dheads = split_heads(dqkv, B, S, 3 * H)  # (B, 3H, S, hd) a view of dqkv
+    # q, k = rope(q), rope(k): rotate their gradients back by the opposite angle, written
+    # straight into their heads of dqkv; v is not rotated: dv is copied in
+    rope_backward(dq, cache.rope, out=dheads[:, :H])  # (B, H, S, hd)
+    rope_backward(dk, cache.rope, out=dheads[:, H : 2 * H])  # (B, H, S, hd)
+    np.copyto(dheads[:, 2 * H :], dv)  # (B, H, S, hd)
     # qkv = xb @ [wq | wk | wv]: xb fans out to q, k and v, so dxb sums the three paths.
     dxb, dwqkv = linear_backward(dqkv, cache.qkv)  # (N, d), (d, 3d)
-    dwq, dwk, dwv = np.split(dwqkv, 3, axis=1)  # (d, d) each
+    d = H * hd
+    dwq, dwk, dwv = dwqkv[:, :d], dwqkv[:, d : 2 * d], dwqkv[:, 2 * d :]  # (d, d) each, views
     # xb = rmsnorm(h, rms_attn)
     dh, drms = rmsnorm_backward(dxb, cache.norm)  # (N, d), (d,)
     return dh, {"rms_attn": drms, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo}

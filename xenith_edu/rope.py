@@ -37,13 +37,17 @@ def rope_tables(
     return np.cos(angle), np.sin(angle)
 
 
-def _rotate(u: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+def _rotate(
+    u: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray | None = None
+) -> np.ndarray:
     """Rotate each pair (u[2i], u[2i+1]) at position t by the angle whose cos and sin are given.
 
     A pair is the complex number u[2i] + 1j * u[2i+1], and a rotation by an angle is a
     multiplication by exp(1j * angle) = cos + 1j * sin: one complex product does both lines
     (u[2i] cos - u[2i+1] sin, u[2i] sin + u[2i+1] cos) at once. u is float32 or float64 with an
     even last axis, and the tables have at least S rows (`forward` and Config see to it).
+    `out`, if given, is u's shape and dtype with its pairs side by side (its last axis
+    contiguous) and receives the result; else a new array does.
     """
     S = u.shape[-2]
     ctype = np.complex64 if u.dtype == np.float32 else np.complex128
@@ -52,7 +56,8 @@ def _rotate(u: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     if u.strides[-1] != u.itemsize:  # the pairs must sit side by side in memory
         u = np.ascontiguousarray(u)
     uc = u.view(ctype)  # (..., S, hd/2) the pairs as complex numbers, no copy
-    return np.multiply(uc, rot, out=empty(uc.shape, ctype)).view(u.dtype)  # (..., S, hd) new
+    outc = empty(uc.shape, ctype) if out is None else out.view(ctype)  # (..., S, hd/2)
+    return np.multiply(uc, rot, out=outc).view(u.dtype)  # (..., S, hd)
 
 
 def rope_forward(u: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, RopeCache]:
@@ -63,9 +68,12 @@ def rope_forward(u: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> tuple[np.nd
     return _rotate(u, cos, sin), RopeCache(cos, sin)
 
 
-def rope_backward(dout: np.ndarray, cache: RopeCache) -> np.ndarray:
+def rope_backward(
+    dout: np.ndarray, cache: RopeCache, out: np.ndarray | None = None
+) -> np.ndarray:
     """Gradient `du` through RoPE: the transpose of a rotation is the rotation by -angle.
 
-    See the RoPE chapter.
+    `out` (dout's shape, last axis contiguous), if given, receives du: the model writes it
+    straight into its (N, 3d) gradient of the fused q, k, v product. See the RoPE chapter.
     """
-    return _rotate(dout, cache.cos, -cache.sin)
+    return _rotate(dout, cache.cos, -cache.sin, out)
