@@ -3,8 +3,9 @@
 Each library runs in its own process (in one process their thread pools fight over the
 cores), the runs alternate so that a noisy neighbour hurts both alike, and medians compare.
 NumPy runs twice per round: plain (a fresh interpreter, nothing tuned, as a learner's notebook
-calls `loss_and_grads`) and with the trainer's process setting (`keep_freed_memory`).
-Every run times forward, backward and the update (clipping and AdamW) separately, so one run
+calls `loss_and_grads`) and with the trainer's settings (`step.py --trainer`: its process
+setting `keep_freed_memory`, and its threads sharing the batch, one BLAS thread each).
+Every run times forward + backward and the update (clipping and AdamW) separately, so one run
 gives both the forward + backward ratios and the whole-step ratio.
 Run: python benchmarks/compare.py --torch-python /path/to/venv-with-torch/bin/python [--compile]
 """
@@ -56,8 +57,8 @@ def main() -> None:
         np_env = {**os.environ, "OPENBLAS_NUM_THREADS": str(args.threads)}
     commands = {
         "numpy": ([sys.executable, str(HERE / "step.py"), *common], np_env),
-        "numpy-trainer": ([sys.executable, str(HERE / "step.py"), *common,
-                           "--keep-freed-memory"], np_env),
+        "numpy-trainer": ([sys.executable, str(HERE / "step.py"), *common, "--trainer"],
+                          np_env),
         "torch-eager": ([args.torch_python, str(HERE / "torch_step.py"), *common,
                          *torch_threads], None),
     }
@@ -76,13 +77,15 @@ def main() -> None:
 
     fields = ("forward_ms", "backward_ms", "step_ms", "update_ms", "whole_ms", "peak_rss_mib",
               "rss_growth_mib")
-    med = {k: {f: statistics.median(x[f] for x in v) for f in fields} for k, v in results.items()}
+    med = {k: {f: statistics.median(x[f] for x in v) if v[0][f] is not None else None
+               for f in fields} for k, v in results.items()}
+    cell = lambda value: f"{value:8.2f}" if value is not None else f"{'-':>8s}"  # noqa: E731
     unit = "CPU ms" if args.cpu else "ms"
     print(f"medians of {args.rounds} rounds ({unit}; memory in MiB)")
     print(f"{'':14s} {'forward':>8s} {'backward':>8s} {'fwd+bwd':>8s} {'update':>7s} "
           f"{'whole':>8s} {'peak RSS':>9s} {'RSS growth':>10s}")
     for k, m in med.items():
-        print(f"{k:14s} {m['forward_ms']:8.2f} {m['backward_ms']:8.2f} {m['step_ms']:8.2f} "
+        print(f"{k:14s} {cell(m['forward_ms'])} {cell(m['backward_ms'])} {m['step_ms']:8.2f} "
               f"{m['update_ms']:7.2f} {m['whole_ms']:8.2f} {m['peak_rss_mib']:9.1f} "
               f"{m['rss_growth_mib']:10.1f}")
     traced = statistics.median(x["traced_peak_mib"] for x in results["numpy"])

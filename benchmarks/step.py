@@ -2,9 +2,10 @@
 
 Prints ms per step (forward, backward, and with --whole the update), tokens/s, achieved GFLOP/s,
 as medians, and the memory of a step. By default nothing is tuned: a plain `loss_and_grads`
-in a fresh interpreter, as a learner's notebook runs it; --keep-freed-memory adds the trainer's
-process setting.
-Run: python benchmarks/step.py [--repeats 30] [--whole] [--keep-freed-memory] [--cpu] [--json]
+in a fresh interpreter, as a learner's notebook runs it. --trainer runs the step as the trainer
+does: its process setting (`keep_freed_memory`) and its threads (`TrainConfig.threads` threads
+share the batch, one BLAS thread each; forward and backward are then timed together).
+Run: python benchmarks/step.py [--repeats 30] [--whole] [--trainer] [--cpu] [--json]
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import numpy as np
 import xenith_edu as xe
 from xenith_edu.optim import adamw_step_, clip_by_global_norm, zeros_like_params
 from xenith_edu.perf import keep_freed_memory
+from xenith_edu.threads import ThreadShards
+from xenith_edu.train import TrainConfig
 
 BOOK = dict(vocab_size=76, n_embd=128, n_head=4, n_layer=4, ffn_hidden=352, seq_len=64,
             tie_embeddings=True)
@@ -50,6 +53,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     parser.add_argument("--keep-freed-memory", action="store_true",
                         help="the trainer's process setting: xenith_edu.perf.keep_freed_memory()")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads that share the batch, one BLAS thread each (default 1)")
+    parser.add_argument("--trainer", action="store_true",
+                        help="the trainer's settings: --keep-freed-memory and "
+                             f"--threads {TrainConfig().threads}")
     parser.add_argument("--whole", action="store_true",
                         help="also time the trainer's update after backward: clipping and AdamW")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
@@ -58,7 +66,10 @@ def main() -> None:
     args = parser.parse_args()
     clock = time.process_time if args.cpu else time.perf_counter
 
+    if args.trainer:
+        args.keep_freed_memory, args.threads = True, TrainConfig().threads
     tuned = keep_freed_memory() if args.keep_freed_memory else False
+    shards = ThreadShards(args.threads)
     cfg = xe.Config(**BOOK)
     params = xe.init_params(cfg, seed=0, dtype=np.float32)
     rng = np.random.default_rng(0)
@@ -68,16 +79,20 @@ def main() -> None:
     rss0 = rss_mib()
 
     tracemalloc.start()  # the first step, traced: every array it needs is new
-    xe.loss_and_grads(params, cfg, x, y)
+    shards.loss_and_grads(params, cfg, x, y)
     traced_peak = tracemalloc.get_traced_memory()[1] / 2**20
     tracemalloc.stop()
 
     fwd, bwd, upd = [], [], []
     for i in range(args.warmup + args.repeats):
         t0 = clock()
-        _, cache = xe.forward(params, cfg, x)
-        t1 = clock()
-        _, grads = xe.backward(params, cfg, cache, y)
+        if args.threads == 1:
+            _, cache = xe.forward(params, cfg, x)
+            t1 = clock()
+            _, grads = xe.backward(params, cfg, cache, y)
+        else:  # each thread runs forward and backward of its shard: one figure for both
+            cache, (_, grads) = None, shards.loss_and_grads(params, cfg, x, y)
+            t1 = clock()
         t2 = clock()
         if args.whole:  # as the trainer does after backward (lr kept tiny: timing only)
             grads, _ = clip_by_global_norm(grads, 1.0)
@@ -89,10 +104,13 @@ def main() -> None:
             bwd.append(t2 - t1)
             upd.append(t3 - t2)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux: KiB)
+    shards.close()
     ms = lambda a: round(1e3 * float(np.median(a)), 2)  # noqa: E731
     step = ms(np.add(fwd, bwd))
+    apart = args.threads == 1  # forward and backward timed apart
     result = {
-        "library": "numpy", "whole": args.whole, "forward_ms": ms(fwd), "backward_ms": ms(bwd),
+        "library": "numpy", "whole": args.whole, "threads": args.threads,
+        "forward_ms": ms(fwd) if apart else None, "backward_ms": ms(bwd) if apart else None,
         "step_ms": step, "update_ms": ms(upd), "whole_ms": ms(np.add(np.add(fwd, bwd), upd)),
         "tokens_per_s": round(BATCH * cfg.seq_len / step * 1e3),
         "gflops": round(step_flops(cfg, BATCH) / step / 1e6, 1), "malloc_tuned": tuned,
@@ -103,9 +121,10 @@ def main() -> None:
         print(json.dumps(result))
         return
     print(f"book config, batch {BATCH}, float32, NumPy {np.__version__}, "
-          f"glibc tuned: {tuned}, median of {args.repeats} steps")
-    print(f"forward  {result['forward_ms']:7.2f} ms")
-    print(f"backward {result['backward_ms']:7.2f} ms")
+          f"glibc tuned: {tuned}, threads: {args.threads}, median of {args.repeats} steps")
+    if apart:
+        print(f"forward  {result['forward_ms']:7.2f} ms")
+        print(f"backward {result['backward_ms']:7.2f} ms")
     print(f"step     {step:7.2f} ms   {result['tokens_per_s']:,} tokens/s   "
           f"{result['gflops']:.1f} GFLOP/s ({step_flops(cfg, BATCH) / 1e9:.2f} GFLOP per step)")
     if args.whole:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import xenith_edu.train as train_mod
+import xenith_edu.threads as threads_mod
 from xenith_edu import Config, init_params
 from xenith_edu.checkpoint import load_checkpoint
 from xenith_edu.data import CharTokenizer
@@ -50,6 +50,7 @@ def test_book_preset_is_the_issue_recipe():
     ("beta2", 1.0, "beta2"),
     ("grad_clip", 0.0, "grad_clip"),
     ("n_head", 3, "divisible"),
+    ("threads", 0, "threads must be a positive integer"),
 ])
 def test_train_config_rejects_bad_settings(field, value, match):
     with pytest.raises(ValueError, match=match):
@@ -136,8 +137,20 @@ def test_resume_checks_config_and_steps(tmp_path):
         _run(replace(TINY, steps=2), tmp_path, resume=tmp_path)
 
 
+def test_threads_share_the_batch_and_train_the_same_model(tmp_path):
+    """threads=3 (16 windows: shards of 5, 5 and 6) against one thread: the same run up to
+    float32 rounding, and the same bits every time it is repeated."""
+    one = _run(replace(TINY, threads=1), tmp_path / "one")
+    three = _run(replace(TINY, threads=3), tmp_path / "three")
+    again = _run(replace(TINY, threads=3), tmp_path / "again")
+    assert three.val_loss == pytest.approx(one.val_loss, abs=1e-5)
+    for k in one.params:
+        np.testing.assert_allclose(three.params[k], one.params[k], atol=1e-5, err_msg=k)
+        np.testing.assert_array_equal(again.params[k], three.params[k])
+
+
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    real = train_mod.loss_and_grads
+    real = threads_mod.loss_and_grads  # what the trainer's gradient function calls
     calls = {"n": 0}
 
     def flaky(params, cfg, x, y):
@@ -145,10 +158,10 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, mon
         calls["n"] += 1
         return (math.nan if calls["n"] == 5 else loss), grads  # the 5th update is step 4
 
-    monkeypatch.setattr(train_mod, "loss_and_grads", flaky)
+    monkeypatch.setattr(threads_mod, "loss_and_grads", flaky)
     with pytest.raises(TrainingDiverged, match="loss became nan at step 4.*checkpoint.*step 3") \
             as e:
-        _run(TINY, tmp_path)
+        _run(TINY, tmp_path)  # one thread (the small preset's): one call per update
     assert e.value.step == 4
     ck = load_checkpoint(tmp_path)  # intact, finite, from the evaluation at step 3
     assert ck.step == 3
@@ -157,14 +170,14 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, mon
 
 
 def test_infinite_gradient_stops_the_run(tmp_path, monkeypatch):
-    real = train_mod.loss_and_grads
+    real = threads_mod.loss_and_grads
 
     def inf_grad(params, cfg, x, y):
         loss, grads = real(params, cfg, x, y)
         grads["w1"][0, 0, 0] = np.inf
         return loss, grads
 
-    monkeypatch.setattr(train_mod, "loss_and_grads", inf_grad)
+    monkeypatch.setattr(threads_mod, "loss_and_grads", inf_grad)
     with pytest.raises(TrainingDiverged, match="gradient norm became inf at step 0.*no checkpoint"):
         _run(TINY, tmp_path)
     assert not (tmp_path / "ckpt.npz").exists()

@@ -34,6 +34,7 @@ from .runlog import (
     read_log,
 )
 from .softmax_ce import per_token_loss
+from .threads import ThreadShards
 
 if TYPE_CHECKING:  # parallel.py imports mpi4py, which a single-process run never needs
     from .checkpoint import Checkpoint
@@ -87,9 +88,12 @@ class TrainConfig:
     eval_every: int = setting(250, "loop", "evaluate and save a checkpoint every N steps")
     eval_batches: int = setting(200, "loop", "batches of fixed windows per evaluation")
     seed: int = setting(1337, "loop", "seed of the initial weights and of the batches")
+    threads: int = setting(2, "loop", "threads that share each batch in a single-process run, "
+                           "one BLAS thread each (1: one thread, BLAS threads the products); "
+                           "under mpiexec each rank uses one")
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "steps", "eval_every", "eval_batches"):
+        for name in ("batch_size", "steps", "eval_every", "eval_batches", "threads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -135,10 +139,11 @@ class TrainConfig:
 
 # The book recipe: nanoGPT's CPU recipe for char-level Shakespeare, on our model.
 BOOK = TrainConfig()
-# A run of a few seconds, for tests, demos and the golden loss curve.
+# A run of a few seconds, for tests, demos and the golden loss curve; in one thread, so that
+# it is bit for bit the training chapter's own loop and the baseline of the data-parallel runs.
 SMALL = TrainConfig(n_layer=2, n_head=4, n_embd=64, ffn_hidden=192, seq_len=32, batch_size=16,
                     lr=3e-3, min_lr=3e-4, warmup_steps=20, decay_steps=200, steps=200,
-                    eval_every=50, eval_batches=16)
+                    eval_every=50, eval_batches=16, threads=1)
 PRESETS = {"book": BOOK, "small": SMALL}
 
 
@@ -269,7 +274,9 @@ def train(
         ranks.ready(tc)  # every rank has passed the checks above
     params, m, v, start, rng = initial_state(tc, cfg, ckpt)  # parameters, optimizer, batches
     windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)
-    grads_fn, evaluate_fn = (ranks.loss_and_grads, ranks.evaluate) if ranks else (None, evaluate)
+    shards = ThreadShards(1 if ranks else tc.threads, tc.recompute)  # threads share each batch
+    grads_fn, evaluate_fn = ((ranks.loss_and_grads, ranks.evaluate) if ranks
+                             else (shards.loss_and_grads, evaluate))
     log = RunLog(out_dir, tc, cfg, tokenizer.vocab, start, resume, progress=progress,
                  verbose=verbose, write=ranks is None or ranks.is_root)
     val_loss = train_loss = math.nan
@@ -295,6 +302,7 @@ def train(
         raise TrainingDiverged(f"{e}: training stopped; {log.kept()}", e.step) from None
     finally:
         log.close(finished)
+        shards.close()
     ms, comm_ms = log.ms_per_step()
     return TrainResult(params, cfg, tc, tokenizer, tc.steps, val_loss, train_loss, ms,
                        time.perf_counter() - t_start, out_dir, comm_ms)
