@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import numpy as np
 import pytest
 from threadpoolctl import threadpool_info
@@ -29,7 +32,7 @@ def test_shard_bounds_cover_the_batch_evenly(B, threads, want):
     assert shard_bounds(B, threads) == want
 
 
-@pytest.mark.parametrize("B, threads", [(6, 2), (5, 2), (7, 3), (3, 5)])
+@pytest.mark.parametrize("B, threads", [(6, 2), (5, 2), (7, 3), (3, 5), (4, 1), (1, 2)])
 @pytest.mark.parametrize("recompute", [False, True])
 def test_sharded_loss_and_gradients_equal_one_call(B, threads, recompute):
     """Equal and unequal shards: the mean of the shards' means, weighted by their windows, is
@@ -60,21 +63,74 @@ def _blas_threads() -> list[int]:
     return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
 
 
-def test_one_blas_thread_while_the_shards_run_and_the_setting_restored_after(monkeypatch):
-    before, seen = _blas_threads(), []
-    real = threads_mod.loss_and_grads
+def _spy(monkeypatch) -> list[dict]:
+    """Record, for every shard's call of `loss_and_grads`: its windows, its `recompute`
+    argument, the BLAS threads during the call, and the thread that made it."""
+    seen, real = [], threads_mod.loss_and_grads
 
-    def spy(params, cfg, x, y):
-        seen.append(_blas_threads())
-        return real(params, cfg, x, y)
+    def spy(params, cfg, x, y, **kw):
+        seen.append({"B": len(x), "recompute": kw.get("recompute"), "blas": _blas_threads(),
+                     "thread": threading.get_ident()})
+        return real(params, cfg, x, y, **kw)
 
     monkeypatch.setattr(threads_mod, "loss_and_grads", spy)
+    return seen
+
+
+@pytest.mark.parametrize("B", [2, 4])
+def test_one_blas_thread_per_shard_while_they_run_and_the_setting_restored_after(monkeypatch, B):
+    before, seen = _blas_threads(), _spy(monkeypatch)
     params = init_params(CFG, 0, np.float32)
     with ThreadShards(2) as shards:
-        shards.loss_and_grads(params, CFG, *_batch(4))
-    assert len(seen) == 2
-    assert all(all(n == 1 for n in s) for s in seen)
+        shards.loss_and_grads(params, CFG, *_batch(B))
+    assert sorted(s["B"] for s in seen) == [B // 2, B // 2]  # two shards, even with B = 2
+    assert len({s["thread"] for s in seen}) == 2  # in two threads
+    assert all(all(n == 1 for n in s["blas"]) for s in seen)
     assert _blas_threads() == before
+
+
+@pytest.mark.parametrize("threads, B", [(1, 4), (2, 1)])
+def test_one_shard_runs_in_the_caller_and_leaves_blas_alone(monkeypatch, threads, B):
+    before, seen = _blas_threads(), _spy(monkeypatch)
+    with ThreadShards(threads) as shards:
+        shards.loss_and_grads(init_params(CFG, 0, np.float32), CFG, *_batch(B))
+    assert [(s["B"], s["blas"], s["thread"]) for s in seen] == [
+        (B, before, threading.get_ident())]
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_every_shard_recomputes_when_asked(monkeypatch, recompute):
+    seen = _spy(monkeypatch)
+    with ThreadShards(2, **({"recompute": True} if recompute else {})) as shards:  # or default
+        shards.loss_and_grads(init_params(CFG, 0, np.float32), CFG, *_batch(4))
+    assert [s["recompute"] for s in seen] == ([True, True] if recompute else [None, None])
+
+
+def test_only_the_blas_pools_are_limited():
+    """Other thread pools of the process (an OpenMP runtime, say) keep their threads."""
+    calls = []
+
+    class Recorder:
+        def limit(self, **kw):
+            calls.append(kw)
+            return contextlib.nullcontext()
+
+    with ThreadShards(2) as shards:
+        shards._blas = Recorder()
+        shards.loss_and_grads(init_params(CFG, 0, np.float32), CFG, *_batch(4))
+    assert calls == [{"limits": 1, "user_api": "blas"}]
+
+
+def test_close_ends_the_worker_threads_and_later_calls_still_work():
+    params, (x, y) = init_params(CFG, 5, np.float64), _batch(4)
+    before = threading.active_count()
+    shards = ThreadShards(3)
+    loss, _ = shards.loss_and_grads(params, CFG, x, y)
+    assert threading.active_count() > before  # the pool's workers exist
+    shards.close()
+    assert threading.active_count() == before
+    shards.close()  # twice is harmless
+    assert shards.loss_and_grads(params, CFG, x, y)[0] == pytest.approx(loss, rel=1e-13)
 
 
 def test_a_failing_shard_raises_in_the_caller():
@@ -85,7 +141,11 @@ def test_a_failing_shard_raises_in_the_caller():
         shards.loss_and_grads(params, CFG, x, y)
 
 
-@pytest.mark.parametrize("threads, error", [(0, ValueError), (1.5, TypeError), (True, TypeError)])
-def test_bad_thread_counts_are_refused(threads, error):
-    with pytest.raises(error, match="threads"):
+@pytest.mark.parametrize("threads, error, match", [
+    (0, ValueError, "threads must be at least 1, got 0"),
+    (1.5, TypeError, "threads must be an int, got float"),
+    (True, TypeError, "threads must be an int, got bool"),
+])
+def test_bad_thread_counts_are_refused(threads, error, match):
+    with pytest.raises(error, match=match):
         ThreadShards(threads)

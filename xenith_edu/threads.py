@@ -70,18 +70,14 @@ class ThreadShards:
         loss = sum(w * shard_loss for w, (shard_loss, _) in zip(weights, results, strict=True))
         grads = results[0][1]  # the calling thread's arrays: the sum is written into them
         for name, g in grads.items():
-            if len(set(weights)) == 1:  # equal shards: add, then divide once
-                for _, other in results[1:]:
-                    g += other[name]
-                g *= weights[0]
-            else:
-                g *= weights[0]
-                for w, (_, other) in zip(weights[1:], results[1:], strict=True):
-                    g += w * other[name]
+            g *= weights[0]
+            for w, (_, other) in zip(weights[1:], results[1:], strict=True):
+                other[name] *= w  # a worker's array, not needed after this
+                g += other[name]
         return float(loss), grads
 
     def close(self) -> None:
-        """End the worker threads."""
+        """End the worker threads; later calls compute in the calling thread alone."""
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
