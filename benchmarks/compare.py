@@ -46,8 +46,8 @@ def main() -> None:
                              "machine)")
     parser.add_argument("--threads", type=int,
                         help="threads for both libraries (NumPy: OPENBLAS_NUM_THREADS in the "
-                             "child's environment); default: each library's own default, "
-                             "PyTorch 2")
+                             "child's environment, and the trainer's --threads); default: each "
+                             "library's own default, PyTorch 2, the trainer's setting")
     args = parser.parse_args()
 
     common = ["--json", "--whole", "--repeats", str(args.repeats)] + (["--cpu"] if args.cpu else [])
@@ -57,8 +57,8 @@ def main() -> None:
         np_env = {**os.environ, "OPENBLAS_NUM_THREADS": str(args.threads)}
     commands = {
         "numpy": ([sys.executable, str(HERE / "step.py"), *common], np_env),
-        "numpy-trainer": ([sys.executable, str(HERE / "step.py"), *common, "--trainer"],
-                          np_env),
+        "numpy-trainer": ([sys.executable, str(HERE / "step.py"), *common, "--trainer",
+                           *(["--threads", str(args.threads)] if args.threads else [])], np_env),
         "torch-eager": ([args.torch_python, str(HERE / "torch_step.py"), *common,
                          *torch_threads], None),
     }

@@ -53,8 +53,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     parser.add_argument("--keep-freed-memory", action="store_true",
                         help="the trainer's process setting: xenith_edu.perf.keep_freed_memory()")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="threads that share the batch, one BLAS thread each (default 1)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads that share the batch, one BLAS thread each (default 1, "
+                             "with --trainer the trainer's)")
     parser.add_argument("--trainer", action="store_true",
                         help="the trainer's settings: --keep-freed-memory and "
                              f"--threads {TrainConfig().threads}")
@@ -67,7 +68,9 @@ def main() -> None:
     clock = time.process_time if args.cpu else time.perf_counter
 
     if args.trainer:
-        args.keep_freed_memory, args.threads = True, TrainConfig().threads
+        args.keep_freed_memory = True
+        args.threads = TrainConfig().threads if args.threads is None else args.threads
+    args.threads = args.threads or 1
     tuned = keep_freed_memory() if args.keep_freed_memory else False
     shards = ThreadShards(args.threads)
     cfg = xe.Config(**BOOK)
