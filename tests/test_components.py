@@ -6,6 +6,8 @@ whose gradient is exactly what backward computes from dout = G.
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -172,6 +174,12 @@ def test_kept_mask_is_the_causal_mask_and_cannot_be_changed(dtype):
     assert mask.dtype == dtype and _kept_mask(7, np.dtype(dtype)) is mask
     with pytest.raises(ValueError):
         mask[0, 1] = 0.0
+    tracemalloc.start()  # and it keeps 2S - 1 numbers, not S * S: 64 KiB here, not 128 MiB
+    big = _kept_mask(4096, np.dtype(dtype))
+    kept = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert kept < 2**20
+    assert big[4095, 4095] == 0.0 and big[4094, 4095] == -np.inf and big[4095, 0] == 0.0
 
 
 # -- RoPE ------------------------------------------------------------------------------------

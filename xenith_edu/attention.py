@@ -9,6 +9,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from .workspace import empty, empty_like
 
@@ -31,15 +32,17 @@ def causal_mask(S: int, dtype: type = np.float32) -> np.ndarray:
 
 @lru_cache(maxsize=16)
 def _kept_mask(S: int, dtype: np.dtype) -> np.ndarray:
-    """`causal_mask(S, dtype)`, made once per (S, dtype) and kept, read-only.
+    """The values of `causal_mask(S, dtype)` as a read-only (S, S) view of a kept row of 2S - 1.
 
-    Why keep it: adding a freshly made (S, S) mask to the (B, H, S, S) scores was measured at
-    about ten times the cost of adding the same values from an array made earlier (455 against
-    47 us at the book's sizes, 1.6 ms of a step).
+    Entry (i, j) depends only on j - i: it is row[S - 1 + j - i] of row = [0]*S + [-inf]*(S - 1),
+    a view that starts at row[S - 1] and steps one element back per row. Why: adding a freshly
+    made (S, S) mask to the (B, H, S, S) scores was measured at six to ten times the cost of
+    adding the same values from an array kept from earlier (300 to 455 against 47 to 65 us at
+    the book's sizes, 1.4 ms of a step), and this kept view holds 2S - 1 numbers, not S * S.
     """
-    mask = causal_mask(S, dtype)
-    mask.flags.writeable = False
-    return mask
+    row = np.concatenate((np.zeros(S, dtype), np.full(S - 1, -np.inf, dtype)))  # (2S - 1,)
+    step = row.itemsize
+    return as_strided(row[S - 1 :], shape=(S, S), strides=(-step, step), writeable=False)
 
 
 def causal_attention_forward(
