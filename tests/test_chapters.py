@@ -79,3 +79,27 @@ def test_no_chapter_numbers_are_typed_in_the_package_or_tests() -> None:
             for i, line in enumerate((ROOT / f).read_text(encoding="utf-8").splitlines(), 1)
             if CHAPTER_NUMBER.search(line)]
     assert len(hits) <= 3, f"chapter numbers typed by hand: {hits}"
+
+
+def _minutes(text: str) -> int:
+    """'40 min' -> 40, '1 h 05' -> 65, '2 h' -> 120."""
+    m = re.fullmatch(r"(?:(\d+) h)?\s*(\d+)?(?: min)?", text.strip())
+    assert m, text
+    return 60 * int(m.group(1) or 0) + int(m.group(2) or 0)
+
+
+def test_teaching_page_reading_times_follow_its_rule() -> None:
+    """book/teaching.md types each chapter's words and times: they must be the notebook's words
+    (whitespace-separated, in the markdown cells) and the page's rule applied to them, so that
+    a chapter edited without the table fails here."""
+    rows = re.findall(r"^\| \{doc\}`/notebooks/(\w+)` \| ([\d,]+) \| ([^|]+) \| (\d+), ([^|]+) \|"
+                      r" ([^|]+) \|", (ROOT / "book" / "teaching.md").read_text("utf-8"), re.M)
+    assert [r[0] for r in rows] == [c.slug for c in chapters.CHAPTERS]
+    up5 = lambda minutes: -(-minutes // 5) * 5  # noqa: E731  rounded up to five minutes
+    for slug, words, reading, _, exercises, session in rows:
+        nb = json.loads((ROOT / "notebooks" / f"{slug}.ipynb").read_text("utf-8"))
+        n = sum(len("".join(c["source"]).split()) for c in nb["cells"]
+                if c["cell_type"] == "markdown")
+        assert int(words.replace(",", "")) == n, f"{slug}: the page says {words} words, it has {n}"
+        assert _minutes(reading) == up5(-(-n // 100)), f"{slug}: reading time of {n} words"
+        assert _minutes(session) == up5(_minutes(reading) + _minutes(exercises)), slug
