@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -104,6 +106,20 @@ def test_every_shard_recomputes_when_asked(monkeypatch, recompute):
     with ThreadShards(2, **({"recompute": True} if recompute else {})) as shards:  # or default
         shards.loss_and_grads(init_params(CFG, 0, np.float32), CFG, *_batch(4))
     assert [s["recompute"] for s in seen] == ([True, True] if recompute else [None, None])
+
+
+def test_dropping_the_shards_without_close_ends_the_worker_threads():
+    before = threading.active_count()
+    shards = ThreadShards(2)
+    shards.loss_and_grads(init_params(CFG, 0, np.float32), CFG, *_batch(4))
+    assert threading.active_count() == before + 1
+    del shards
+    gc.collect()
+    for _ in range(100):  # the worker ends once it has read the pool's stop signal
+        if threading.active_count() == before:
+            break
+        time.sleep(0.01)
+    assert threading.active_count() == before
 
 
 def test_only_the_blas_pools_are_limited():

@@ -40,7 +40,8 @@ class ThreadShards:
 
     The result is the single-call figure up to rounding (the shards' means are averaged,
     weighted by their sizes), and the same for the same batch every time. `close()` (or a
-    `with` block) ends the worker threads.
+    `with` block) ends the worker threads; so does dropping the object (the pool's workers
+    end when it is collected).
     """
 
     def __init__(self, threads: int, recompute: bool = False) -> None:

@@ -274,9 +274,8 @@ def train(
         ranks.ready(tc)  # every rank has passed the checks above
     params, m, v, start, rng = initial_state(tc, cfg, ckpt)  # parameters, optimizer, batches
     windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)
-    shards = ThreadShards(1 if ranks else tc.threads, tc.recompute)  # threads share each batch
-    grads_fn, evaluate_fn = ((ranks.loss_and_grads, ranks.evaluate) if ranks
-                             else (shards.loss_and_grads, evaluate))
+    workers = ranks or ThreadShards(tc.threads, tc.recompute)  # ranks, or threads, share a batch
+    evaluate_fn = ranks.evaluate if ranks else evaluate
     log = RunLog(out_dir, tc, cfg, tokenizer.vocab, start, resume, progress=progress,
                  verbose=verbose, write=ranks is None or ranks.is_root)
     val_loss = train_loss = math.nan
@@ -294,7 +293,7 @@ def train(
                 break
             t0 = time.perf_counter()
             x, y = get_batch(train_ids, tc.batch_size, tc.seq_len, rng)  # (B, S) each
-            loss, norm = train_step(params, m, v, step, lr, cfg, tc, x, y, grads_fn)
+            loss, norm = train_step(params, m, v, step, lr, cfg, tc, x, y, workers.loss_and_grads)
             log.train(step, loss, lr, norm, time.perf_counter() - t0,
                       ranks.take_comm_seconds() if ranks else None)
         finished = True
@@ -302,7 +301,6 @@ def train(
         raise TrainingDiverged(f"{e}: training stopped; {log.kept()}", e.step) from None
     finally:
         log.close(finished)
-        shards.close()
     ms, comm_ms = log.ms_per_step()
     return TrainResult(params, cfg, tc, tokenizer, tc.steps, val_loss, train_loss, ms,
                        time.perf_counter() - t_start, out_dir, comm_ms)
