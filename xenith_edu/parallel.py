@@ -29,6 +29,9 @@ from .util import one_line
 Params = dict[str, np.ndarray]
 T = TypeVar("T")
 TIMEOUT = 300.0  # seconds without progress after which a rank decides another one is stuck
+# seconds between a failing rank's one line and MPI_Abort: without it, MPICH's launcher once
+# lost the line under load (a test run of `make test`: exit status 1, nothing on stderr)
+_ABORT_GRACE = 0.25
 _LAUNCHERS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")  # MPICH, Open MPI
 
 
@@ -247,7 +250,7 @@ class DataParallel:
             self.running = False
 
     def _watch(self) -> None:
-        limit = self.timeout + 0.5 * self.rank  # rank 0 first: one line, not K
+        limit = self.timeout + 4 * _ABORT_GRACE * self.rank  # rank 0 first: one line, not K
         while self.running:
             time.sleep(min(0.5, self.timeout / 10))
             if self.running and time.monotonic() - self.last_progress > limit:
@@ -262,6 +265,7 @@ class DataParallel:
                                    "stopping every process"))
         sys.stdout.flush()
         sys.stderr.flush()
+        time.sleep(_ABORT_GRACE)  # the launcher forwards the line before the abort ends it
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 2)  # MPI_Abort's own message would be a second line
         self.comm.Abort(code)
