@@ -20,7 +20,7 @@ class SwiGLUCache(NamedTuple):
 
     x: np.ndarray  # (N, d) the input, flattened: for [dw1 | dw3] = x.T @ [dh1 | dh3]
     x_shape: tuple[int, ...]  # the input's shape (..., d), to give dx the same
-    w13: np.ndarray  # (d, 2f) [w1 | w3]: for dx = [dh1 | dh3] @ w13.T
+    w13: np.ndarray  # (2, d, f) [w1, w3] stacked: for dx = dh1 @ w1.T + dh3 @ w3.T
     w2: np.ndarray  # (f, d) the down projection: for dha = dout @ w2.T
     h3: np.ndarray  # (N, f) the up projection x @ w3: for dh1
     sig: np.ndarray  # (N, f) sigmoid(h1): for silu'(h1)
@@ -65,11 +65,13 @@ def swiglu_forward(
     (d, f), dtype = w1.shape, x.dtype
     x2 = x.reshape(-1, d)  # (N, d)
     N = x2.shape[0]
-    # h1 = x @ w1 and h3 = x @ w3 as one product with [w1 | w3]: one large matrix product
-    # is faster than two small ones, and the backward can do the same.
-    w13 = np.concatenate((w1, w3), axis=1, out=empty((d, 2 * f), dtype))  # (d, 2f)
-    h13 = np.matmul(x2, w13, out=empty((N, 2 * f), dtype))  # (N, 2f)
-    h1, h3 = h13[:, :f], h13[:, f:]  # (N, f) gate pre-activation, (N, f) up projection
+    # h1 = x @ w1 and h3 = x @ w3 as one stacked product with [w1, w3] (2, d, f). Stacked, not
+    # side by side as (d, 2f): each of h1 and h3 is then a contiguous (N, f) block, and the
+    # element-wise passes below run about twice as fast on it as on a column half of (N, 2f).
+    w13 = empty((2, d, f), dtype)  # (2, d, f)
+    w13[0], w13[1] = w1, w3  # (np.stack would do the same, with more overhead per call)
+    h13 = np.matmul(x2, w13, out=empty((2, N, f), dtype))  # (2, N, f)
+    h1, h3 = h13  # (N, f) gate pre-activation, (N, f) up projection
     sig = sigmoid(h1, out=empty((N, f), dtype))  # (N, f)
     gate = np.multiply(h1, sig, out=empty((N, f), dtype))  # (N, f) silu(h1)
     ha = np.multiply(gate, h3, out=empty((N, f), dtype))  # (N, f) gated hidden
@@ -87,18 +89,19 @@ def swiglu_backward(
     # out = ha @ w2
     dw2 = np.matmul(ha.T, dout2, out=empty((f, d), dtype))  # (f, d)
     dha = np.matmul(dout2, w2.T, out=empty((N, f), dtype))  # (N, f)
-    dh13 = empty((N, 2 * f), dtype)  # (N, 2f) = [dh1 | dh3]
+    dh13 = empty((2, N, f), dtype)  # (2, N, f) = [dh1, dh3], stacked as h13 is
+    dh1, dh3 = dh13  # (N, f) each, contiguous
     # ha = silu(h1) * h3, so dh3 = dha * silu(h1) ...
-    np.multiply(dha, gate, out=dh13[:, f:])
+    np.multiply(dha, gate, out=dh3)
     # ... and dh1 = dha * h3 * silu'(h1), with silu'(h1) = sig * (1 + h1 (1 - sig))
-    # = sig + gate * (1 - sig), computed in place in dh1's slot.
-    dh1 = dh13[:, :f]
+    # = sig + gate * (1 - sig), computed in place in dh1's block.
     np.subtract(1.0, sig, out=dh1)
     dh1 *= gate
     dh1 += sig
     dh1 *= h3
     dh1 *= dha
-    # h13 = x @ [w1 | w3]: x fans out to both projections, so dx sums both paths.
-    dx = np.matmul(dh13, w13.T, out=empty((N, d), dtype))  # (N, d) = dh1 @ w1.T + dh3 @ w3.T
-    dw13 = np.matmul(x2.T, dh13, out=empty((d, 2 * f), dtype))  # (d, 2f) = [dw1 | dw3]
-    return dx.reshape(x_shape), dw13[:, :f], dw13[:, f:], dw2  # dw1, dw3: views of dw13
+    # h13 = x @ [w1, w3]: x fans out to both projections, so dx sums both paths.
+    dx13 = np.matmul(dh13, w13.transpose(0, 2, 1), out=empty((2, N, d), dtype))  # (2, N, d)
+    dx = np.add(dx13[0], dx13[1], out=empty((N, d), dtype))  # (N, d) = dh1 @ w1.T + dh3 @ w3.T
+    dw13 = np.matmul(x2.T, dh13, out=empty((2, d, f), dtype))  # (2, d, f) = [dw1, dw3]
+    return dx.reshape(x_shape), dw13[0], dw13[1], dw2

@@ -57,16 +57,21 @@ class Workspace:
 
     def __init__(self, limit_bytes: int = _LIMIT_BYTES) -> None:
         self._arrays: dict[tuple, list[np.ndarray]] = {}
-        self._next: dict[tuple, int] = {}  # where the next search starts, per (shape, dtype)
+        self._next: dict[int, int] = {}  # where the next search starts, per list (by its id)
         self.nbytes = 0  # bytes held, free or in use
         self.limit_bytes = limit_bytes
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        key = (shape, np.dtype(dtype))
-        arrays = self._arrays.setdefault(key, [])
-        i = _free_index(arrays, self._next.get(key, 0), _FREE_REFS)  # nobody holds it, no view
+        if type(shape) is not tuple:
+            shape = tuple(shape)
+        key = (shape, dtype)  # as the caller spells it: a step asks with the same spelling
+        arrays = self._arrays.get(key)
+        if arrays is None:  # first ask with this spelling: np.float32 and dtype("float32") meet
+            arrays = self._arrays.setdefault((shape, np.dtype(dtype)), [])
+            self._arrays[key] = arrays
+        i = _free_index(arrays, self._next.get(id(arrays), 0), _FREE_REFS)  # nobody holds it
         if i >= 0:
-            self._next[key] = i + 1 if i + 1 < len(arrays) else 0
+            self._next[id(arrays)] = i + 1 if i + 1 < len(arrays) else 0
             return arrays[i]
         a = np.empty(shape, dtype)
         if self.nbytes + a.nbytes <= self.limit_bytes:
@@ -94,9 +99,10 @@ def workspace() -> Workspace:
 
 def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialized array from this thread's workspace, like `np.empty(shape, dtype)`."""
-    return workspace().empty(tuple(shape), dtype)
+    ws = getattr(_local, "ws", None) or workspace()
+    return ws.empty(shape, dtype)
 
 
 def empty_like(a: np.ndarray) -> np.ndarray:
     """`empty(a.shape, a.dtype)`."""
-    return workspace().empty(a.shape, a.dtype)
+    return (getattr(_local, "ws", None) or workspace()).empty(a.shape, a.dtype)
