@@ -1,8 +1,8 @@
 """Where the time of one NumPy training step goes: forward and backward per component.
 
 Times every component function the model calls (its self time: nested calls are subtracted),
-then replays the step's matrix products alone, with the same shapes and layouts, to split each
-component into matrix products and element-wise work. Prints a table; `--figure PATH` draws it.
+and inside it every `np.matmul` call where it runs, to split each component into matrix products
+and element-wise work. Prints a table; `--figure PATH` draws it.
 Run: python benchmarks/profile_step.py [--steps 20] [--figure benchmarks/profile_step.png] [--json]
 """
 
@@ -42,17 +42,24 @@ GLUE = ("attention_block_forward", "attention_block_backward", "swiglu_block_for
 
 
 class SelfTimer:
-    """Wraps functions so that each call adds its own time, minus its children's, to a total."""
+    """Wraps functions so that each call adds its own time, minus its children's, to a total,
+    and the time of the `np.matmul` calls made in it (not in its children) to another."""
 
     def __init__(self) -> None:
         self.total: dict[str, float] = defaultdict(float)
+        self.matmul: dict[str, float] = defaultdict(float)
         self._stack: list[float] = []  # time spent in children, per open call
+        self._keys: list[str] = []  # the open calls' keys, innermost last
 
     def wrap(self, fn, key: str):
         def timed(*args, **kwargs):
             self._stack.append(0.0)
+            self._keys.append(key)
             t0 = CLOCK()
-            out = fn(*args, **kwargs)
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                self._keys.pop()
             elapsed = CLOCK() - t0
             children = self._stack.pop()
             self.total[key] += elapsed - children
@@ -61,49 +68,14 @@ class SelfTimer:
             return out
         return timed
 
-
-def matmuls(cfg: xe.Config, B: int, dtype) -> dict[str, list]:
-    """The step's matrix products, per component and pass, as operands of the same shapes and
-    memory layouts (transposed views where the code transposes): {(component, pass): [(a, b)]}."""
-    rng = np.random.default_rng(0)
-    S, d, f, V, H = cfg.seq_len, cfg.n_embd, cfg.ffn_hidden, cfg.vocab_size, cfg.n_head
-    N, hd = B * S, cfg.head_dim
-
-    def r(*shape):
-        return rng.standard_normal(shape).astype(dtype)
-
-    qkv = r(B, S, 3 * H, hd).transpose(0, 2, 1, 3)  # (B, 3H, S, hd) heads of the fused product
-    q, v = r(B, H, S, hd), qkv[:, 2 * H:]
-    att, dout = r(B, H, S, S), r(B, H, S, hd)
-    L = cfg.n_layer
-    return {
-        ("linear (q, k, v and o)", "forward"): L * [(r(N, d), r(d, 3 * d)), (r(N, d), r(d, d))],
-        ("linear (q, k, v and o)", "backward"): L * [
-            (r(N, 3 * d), r(d, 3 * d).T), (r(N, d).T, r(N, 3 * d)),
-            (r(N, d), r(d, d).T), (r(N, d).T, r(N, d))],
-        ("attention", "forward"): L * [(q, q.swapaxes(-1, -2)), (att, v)],
-        ("attention", "backward"): L * [(dout, v.swapaxes(-1, -2)), (att.swapaxes(-1, -2), dout),
-                                        (att, q), (att.swapaxes(-1, -2), q)],
-        ("swiglu", "forward"): L * [(r(N, d), r(d, 2 * f)), (r(N, f), r(f, d))],
-        ("swiglu", "backward"): L * [(r(N, f).T, r(N, d)), (r(N, d), r(f, d).T),
-                                     (r(N, 2 * f), r(d, 2 * f).T), (r(N, d).T, r(N, 2 * f))],
-        ("model glue", "forward"): [(r(N, d), r(V, d).T)],
-        ("model glue", "backward"): [(r(N, V).T, r(N, d)), (r(N, V), r(V, d))],
-    }
-
-
-def time_matmuls(cfg: xe.Config, B: int, dtype, repeats: int) -> dict[tuple[str, str], float]:
-    """Median seconds of each (component, pass)'s products, run alone."""
-    out = {}
-    for key, pairs in matmuls(cfg, B, dtype).items():
-        times = []
-        for _ in range(repeats):
+    def wrap_matmul(self, matmul):
+        def timed(*args, **kwargs):
             t0 = CLOCK()
-            for a, b in pairs:
-                a @ b  # noqa: B018  (timed for its cost alone)
-            times.append(CLOCK() - t0)
-        out[key] = float(np.median(times))
-    return out
+            out = matmul(*args, **kwargs)
+            if self._keys:
+                self.matmul[self._keys[-1]] += CLOCK() - t0
+            return out
+        return timed
 
 
 def profile(steps: int, warmup: int = 3) -> dict:
@@ -124,24 +96,29 @@ def profile(steps: int, warmup: int = 3) -> dict:
         pass_ = "backward" if name.endswith("backward") else "forward"
         saved[name] = getattr(model, name)
         setattr(model, name, timer.wrap(saved[name], ("model glue", pass_)))
+    # the components call np.matmul through the numpy module: timed where they call it (the few
+    # products written with the @ operator, such as attention's row sums, count as other work)
+    matmul = np.matmul
+    np.matmul = timer.wrap_matmul(matmul)
     try:
         totals = []
         for i in range(warmup + steps):
             if i == warmup:
                 timer.total.clear()
+                timer.matmul.clear()
             t0 = CLOCK()
             model.loss_and_grads(params, cfg, x, y)
             if i >= warmup:
                 totals.append(CLOCK() - t0)
     finally:
+        np.matmul = matmul
         for name, fn in saved.items():
             setattr(model, name, fn)
     per_step = {k: v / steps for k, v in timer.total.items()}
-    mm = time_matmuls(cfg, BATCH, np.float32, repeats=steps)
     rows = []
     for key in sorted(per_step, key=per_step.get, reverse=True):
         t = per_step[key]
-        m = min(mm.get(key, 0.0), t)
+        m = timer.matmul[key] / steps
         rows.append({"component": key[0], "pass": key[1], "ms": 1e3 * t,
                      "matmul_ms": 1e3 * m, "elementwise_ms": 1e3 * (t - m)})
     clock = "CPU time" if CLOCK is time.process_time else "wall time"
