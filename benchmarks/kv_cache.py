@@ -21,7 +21,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 import xenith_edu as xe  # noqa: E402
-from xenith_edu.sample import generate  # noqa: E402
+from xenith_edu.model.generate import generate  # noqa: E402
 
 
 def tokens_per_s(params: dict, cfg: xe.Config, prompt: np.ndarray, new: int, cached: bool) -> float:

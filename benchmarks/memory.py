@@ -27,8 +27,8 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 import xenith_edu as xe  # noqa: E402
-from xenith_edu.util import atomic_write, atomic_write_text  # noqa: E402
-from xenith_edu.workspace import workspace  # noqa: E402
+from xenith_edu.tools.util import atomic_write, atomic_write_text  # noqa: E402
+from xenith_edu.tools.workspace import workspace  # noqa: E402
 
 MODEL = dict(vocab_size=76, n_embd=64, n_head=4, n_layer=4, ffn_hidden=192)
 BATCH = 2

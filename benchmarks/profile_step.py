@@ -169,13 +169,13 @@ def main() -> None:
     parser.add_argument("--cpu", action="store_true",
                         help="measure CPU time, not wall time (use with OPENBLAS_NUM_THREADS=1)")
     parser.add_argument("--keep-freed-memory", action="store_true",
-                        help="tune glibc first, as the trainer does (xenith_edu.perf)")
+                        help="tune glibc first, as the trainer does (xenith_edu.tools.perf)")
     args = parser.parse_args()
     global CLOCK
     if args.cpu:
         CLOCK = time.process_time
     if args.keep_freed_memory:
-        from xenith_edu.perf import keep_freed_memory
+        from xenith_edu.tools.perf import keep_freed_memory
         keep_freed_memory()
     result = profile(args.steps)
     if args.json:

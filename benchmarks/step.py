@@ -19,10 +19,10 @@ import tracemalloc
 import numpy as np
 
 import xenith_edu as xe
-from xenith_edu.optim import adamw_step_, clip_by_global_norm, zeros_like_params
-from xenith_edu.perf import keep_freed_memory
-from xenith_edu.threads import ThreadShards
-from xenith_edu.train import TrainConfig
+from xenith_edu.tools.perf import keep_freed_memory
+from xenith_edu.training import TrainConfig
+from xenith_edu.training.optim import adamw_step_, clip_by_global_norm, zeros_like_params
+from xenith_edu.training.threads import ThreadShards
 
 BOOK = dict(vocab_size=76, n_embd=128, n_head=4, n_layer=4, ffn_hidden=352, seq_len=64,
             tie_embeddings=True)
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30, help="timed steps (default 30)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     parser.add_argument("--keep-freed-memory", action="store_true",
-                        help="the trainer's process setting: xenith_edu.perf.keep_freed_memory()")
+                        help="the trainer's process setting: tools.perf.keep_freed_memory()")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads that share the batch, one BLAS thread each (default 1, "
                              "with --trainer the trainer's)")

@@ -3,34 +3,21 @@
 Not a dependency of the project: run it with a Python that has torch and numpy installed, e.g.
 `python -m venv /some/venv && /some/venv/bin/pip install torch numpy`, then
 `/some/venv/bin/python benchmarks/torch_step.py [--compile] [--json]`. It reads the parameter
-table (which parameters get weight decay) from this repository's `xenith_edu/params.py`.
+table (which parameters get weight decay) from this repository's `xenith_edu/model/params.py`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import resource
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-
-def _load_parameter_table():
-    """The package's `xenith_edu.params`, loaded on its own: this Python needs torch and NumPy,
-    not the package and its dependencies."""
-    path = Path(__file__).resolve().parents[1] / "xenith_edu" / "params.py"
-    spec = importlib.util.spec_from_file_location("xenith_edu_params", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-decays = _load_parameter_table().decays  # which parameters get weight decay
+from xenith_edu.model.params import decays  # which parameters get weight decay
 
 V, D, H, L, FF, S, B = 76, 128, 4, 4, 352, 64, 12
 HD = D // H

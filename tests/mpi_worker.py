@@ -7,7 +7,7 @@ gradient (as if out of memory), "hang" makes it stop answering there, "none" cha
 import sys
 import time
 
-import xenith_edu.parallel as parallel
+import xenith_edu.training.parallel as parallel
 from xenith_edu.cli import main
 
 mode, bad_rank, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]

@@ -171,7 +171,7 @@ def drops_a_fresh_out(diff: str) -> bool:
 
 
 def function_of(mutant: str) -> str:
-    """'xenith_edu.data.x_split_ids__mutmut_3' -> 'xenith_edu.data.x_split_ids'."""
+    """'xenith_edu.training.data.x_split_ids__mutmut_3' -> '...data.x_split_ids'."""
     return mutant.rsplit("__mutmut_", 1)[0]
 
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import xenith_edu as xe
-from xenith_edu.optim import clip_by_global_norm, global_norm, lr_at
 from xenith_edu.rope import rope_tables
 from xenith_edu.softmax_ce import per_token_loss, softmax_cross_entropy
 from xenith_edu.swiglu import sigmoid, silu, silu_grad
+from xenith_edu.training.optim import clip_by_global_norm, global_norm, lr_at
 
 CFG = xe.Config(vocab_size=9, n_embd=8, n_head=2, n_layer=1, ffn_hidden=12, seq_len=6)
 
@@ -301,7 +301,7 @@ def test_train_config_names_the_bad_field(field, value):
 # ---- one-line errors, as the command line prints them ----
 
 def test_one_line_folds_any_message():
-    from xenith_edu.util import one_line
+    from xenith_edu.tools.util import one_line
 
     assert one_line("a\n  b\tc ") == "a b c"
     assert one_line(ValueError("bad\nvalue")) == "bad value"
@@ -321,7 +321,7 @@ def test_schedule_arguments_are_checked_one_by_one():
 
 
 def test_adamw_refuses_a_zero_step_count():
-    from xenith_edu.optim import adamw_step_, adamw_update
+    from xenith_edu.training.optim import adamw_step_, adamw_update
 
     p = {"wq": np.ones(3)}
     g, m, v = {"wq": np.ones(3)}, {"wq": np.zeros(3)}, {"wq": np.zeros(3)}

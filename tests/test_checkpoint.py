@@ -1,4 +1,4 @@
-"""Tests of xenith_edu.checkpoint: a round trip that loses nothing, atomic writes, checked loads."""
+"""Tests of the checkpoint: a round trip that loses nothing, atomic writes, checked loads."""
 
 import json
 import os
@@ -9,8 +9,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from xenith_edu import Config, init_params, util
-from xenith_edu.checkpoint import (
+from xenith_edu import Config, init_params
+from xenith_edu.tools import util
+from xenith_edu.training.checkpoint import (
     atomic_write,
     config_mismatch,
     generator_from_state,

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import xenith_edu
-from xenith_edu.checkpoint import load_checkpoint
 from xenith_edu.cli import build_parser, main
-from xenith_edu.params import PARAMS
-from xenith_edu.settings import UsageError, train_config
-from xenith_edu.train import SMALL, TrainConfig
+from xenith_edu.cli.settings import UsageError, train_config
+from xenith_edu.model.params import PARAMS
+from xenith_edu.training import SMALL, TrainConfig
+from xenith_edu.training.checkpoint import load_checkpoint
 
 QUICK = ["--preset", "small", "--no-progress", "--sample-chars", "0"]
 
@@ -196,7 +196,7 @@ def test_gradcheck_table_passes(capsys):
 
 def test_gradcheck_table_catches_a_wrong_gradient(capsys, monkeypatch):
     tied = [p.name for p in PARAMS if not p.untied_only]
-    import xenith_edu.model as model
+    import xenith_edu.model.check as model  # the module whose loss_and_grads check_model calls
     real = model.loss_and_grads
 
     def off_by_one_percent(params, cfg, x, y):

@@ -18,12 +18,12 @@ from xenith_edu.attention import (
     causal_mask,
 )
 from xenith_edu.embedding import embedding_backward, embedding_forward
-from xenith_edu.gradcheck import check_gradient
 from xenith_edu.linear import linear_backward, linear_forward
 from xenith_edu.rmsnorm import rmsnorm_backward, rmsnorm_forward
 from xenith_edu.rope import rope_backward, rope_forward, rope_tables
 from xenith_edu.softmax_ce import per_token_loss, softmax_cross_entropy
 from xenith_edu.swiglu import swiglu_backward, swiglu_forward
+from xenith_edu.tools.gradcheck import check_gradient
 
 TOL = 1e-7
 

@@ -1,9 +1,9 @@
-"""Tests of xenith_edu.data: the character tokenizer, text loading, the split and the batches."""
+"""Tests of the data: the character tokenizer, text loading, the split and the batches."""
 
 import numpy as np
 import pytest
 
-from xenith_edu.data import (
+from xenith_edu.training.data import (
     DEFAULT_TEXT,
     CharTokenizer,
     get_batch,

@@ -13,8 +13,8 @@ from xenith_edu.flash_attention import (
     flash_attention_backward,
     flash_attention_forward,
 )
-from xenith_edu.gradcheck import check_gradient
-from xenith_edu.workspace import workspace
+from xenith_edu.tools.gradcheck import check_gradient
+from xenith_edu.tools.workspace import workspace
 
 
 def _qkv(rng: np.random.Generator, B: int, H: int, S: int, hd: int, dtype=np.float64) -> tuple:
@@ -169,7 +169,7 @@ def test_peak_memory_at_1024_is_under_a_quarter_of_plain() -> None:
 
 def _model_case(attention: str = "plain", S: int = 24, block: int = 8, seed: int = 0):
     import xenith_edu as xe
-    from xenith_edu.params import random_params
+    from xenith_edu.model.params import random_params
 
     cfg = xe.Config(vocab_size=11, n_embd=16, n_head=2, n_layer=2, ffn_hidden=24, seq_len=S,
                     attention=attention, flash_block=block)
@@ -191,7 +191,7 @@ def test_flash_model_matches_the_plain_model(S: int, block: int) -> None:
 
 
 def test_flash_model_passes_the_whole_model_gradient_check() -> None:
-    from xenith_edu.gradcheck import check_model
+    from xenith_edu.model import check_model
 
     xe, cfg, params, x, y = _model_case("flash", 9, 4)
     for result in check_model(params, cfg, x, y, n_coords=6, seed=1):

@@ -1,4 +1,4 @@
-"""Tests of xenith_edu.gradcheck, the ruler every chapter and test trusts, against known values.
+"""Tests of tools.gradcheck, the ruler every chapter and test trusts, against known values.
 
 Each test computes what the checker must return by hand: a gradient wrong at one late
 coordinate, tiny magnitudes, both orders of the finite difference, the default tolerance.
@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 
 import xenith_edu as xe
-from xenith_edu.gradcheck import (
+from xenith_edu.model import check_model
+from xenith_edu.model.params import param_shapes
+from xenith_edu.tools.gradcheck import (
     FLOOR,
     GradCheck,
     H,
     check_gradient,
-    check_model,
     numerical_gradient,
     rel_error,
     sample_indices,
 )
-from xenith_edu.params import param_shapes
 
 
 def half_square(x):
@@ -288,7 +288,7 @@ def test_check_model_checks_every_parameter_in_order():
 
 
 def test_check_model_catches_a_wrong_backward(monkeypatch):
-    import xenith_edu.model as model
+    import xenith_edu.model.check as model  # the module whose loss_and_grads check_model calls
 
     params, x, y = _model_case(1)
     real = model.loss_and_grads
@@ -314,7 +314,7 @@ def test_check_model_needs_float64():
 # ---- the parameters the checks run on ----
 
 def test_init_params_known_values():
-    from xenith_edu.params import PARAM, init_params
+    from xenith_edu.model.params import PARAM, init_params
 
     default = init_params(CFG)
     rng = np.random.default_rng(0)  # the default seed
@@ -330,7 +330,7 @@ def test_init_params_known_values():
 
 
 def test_random_params_known_values():
-    from xenith_edu.params import PARAM, random_params
+    from xenith_edu.model.params import PARAM, random_params
 
     got = random_params(CFG, np.random.default_rng(3))
     rng = np.random.default_rng(3)

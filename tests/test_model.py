@@ -7,9 +7,10 @@ import pytest
 
 import xenith_edu as xe
 from xenith_edu import model
-from xenith_edu.gradcheck import check_gradient, check_model
-from xenith_edu.params import random_params
+from xenith_edu.model import check_model
+from xenith_edu.model.params import random_params
 from xenith_edu.softmax_ce import softmax_cross_entropy
+from xenith_edu.tools.gradcheck import check_gradient
 
 CONFIGS = {
     "tied-4heads-2layers": dict(n_head=4, n_layer=2, tie_embeddings=True),
@@ -289,7 +290,7 @@ def test_blocks_compose_into_forward_and_backward(rng):
 
 
 def test_model_reexports_the_parameter_table():
-    from xenith_edu import params
+    from xenith_edu.model import params
     assert xe.param_shapes is params.param_shapes and xe.init_params is params.init_params
 
 

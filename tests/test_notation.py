@@ -68,7 +68,7 @@ def pages() -> list[tuple[str, str, str]]:
                              for line in text.splitlines())
         out.append((md.stem, md.name, text))
     for script in [ROOT / "book" / "figures" / "make_model_figure.py",
-                   ROOT / "xenith_edu" / "plots.py"]:
+                   ROOT / "xenith_edu" / "tools" / "plots.py"]:
         out.append((script.stem, script.name, script.read_text(encoding="utf-8")))
     return out
 

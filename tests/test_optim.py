@@ -1,4 +1,4 @@
-"""Tests of xenith_edu.optim: learning-rate schedule, AdamW (pure and in place), clipping."""
+"""Tests of training.optim: learning-rate schedule, AdamW (pure and in place), clipping."""
 
 import math
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from xenith_edu import Config
-from xenith_edu.optim import (
+from xenith_edu.model.params import PARAMS, random_params
+from xenith_edu.training.optim import (
     adamw_step_,
     adamw_update,
     clip_by_global_norm,
@@ -14,7 +15,6 @@ from xenith_edu.optim import (
     lr_at,
     zeros_like_params,
 )
-from xenith_edu.params import PARAMS, random_params
 
 # ---------------------------------------------------------------- learning-rate schedule
 

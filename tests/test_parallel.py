@@ -1,4 +1,4 @@
-"""Tests of xenith_edu.parallel: data-parallel training under mpiexec against one process.
+"""Tests of xenith_edu.training.parallel: data-parallel training under mpiexec against one process.
 
 The runs go through `mpiexec` (the `mpi` extra's MPICH) in a subprocess with a time limit, so
 a rank that hangs fails the test instead of blocking the suite.
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from xenith_edu import Config, init_params, loss_and_grads
-from xenith_edu.checkpoint import load_checkpoint
-from xenith_edu.parallel import ring_allreduce_bytes, shard
-from xenith_edu.train import SMALL, read_log, train
+from xenith_edu.training import SMALL, read_log, train
+from xenith_edu.training.checkpoint import load_checkpoint
+from xenith_edu.training.parallel import ring_allreduce_bytes, shard
 
 BIN = Path(sys.executable).parent
 MPIEXEC = str(BIN / "mpiexec") if (BIN / "mpiexec").exists() else shutil.which("mpiexec")

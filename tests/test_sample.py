@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 
 from xenith_edu import Config, forward
-from xenith_edu.params import random_params
-from xenith_edu.sample import KVCache, _feed, _prepare, generate, kv_cache_bytes, sample_text
+from xenith_edu.model.generate import (
+    KVCache,
+    _feed,
+    _prepare,
+    generate,
+    kv_cache_bytes,
+    sample_text,
+)
+from xenith_edu.model.params import random_params
 
 
 def _model(dtype=np.float64, tie: bool = True, seq_len: int = 12, seed: int = 0):
@@ -64,7 +71,7 @@ def test_top_k_and_greedy_agree_too() -> None:
 
 
 def test_sample_text_uses_the_cache_by_default_and_matches() -> None:
-    from xenith_edu.data import CharTokenizer
+    from xenith_edu.training.data import CharTokenizer
 
     params, cfg = _model()
     tok = CharTokenizer("\nabcdefghij")
@@ -103,9 +110,9 @@ def test_kv_cache_bytes_counts_keys_and_values_of_every_layer() -> None:
 
 
 def test_the_sample_command_uses_the_kv_cache(tmp_path, monkeypatch, capsys) -> None:
-    import xenith_edu.sample as sample
-    from xenith_edu.checkpoint import save_checkpoint
+    import xenith_edu.model.generate as sample
     from xenith_edu.cli import main
+    from xenith_edu.training.checkpoint import save_checkpoint
 
     params, cfg = _model(np.float32)
     zeros = {k: np.zeros_like(p) for k, p in params.items()}

@@ -1,4 +1,4 @@
-"""Tests of xenith_edu.threads: the batch shared among threads gives the single call's figures."""
+"""Tests of training.threads: a batch shared among threads gives the single call's figures."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info
 
-import xenith_edu.threads as threads_mod
+import xenith_edu.training.threads as threads_mod
 from xenith_edu import Config, init_params, loss_and_grads
-from xenith_edu.threads import ThreadShards, shard_bounds
+from xenith_edu.training.threads import ThreadShards, shard_bounds
 
 CFG = Config(vocab_size=11, n_embd=16, n_head=2, n_layer=2, ffn_hidden=24, seq_len=8)
 

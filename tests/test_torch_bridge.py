@@ -26,7 +26,7 @@ except ImportError as exc:  # fail loudly: CI must never skip the chapter's chec
 
 import xenith_edu as xe
 from xenith_edu.exercises.torch import wq_from_rotate_half
-from xenith_edu.params import random_params
+from xenith_edu.model.params import random_params
 
 # Shape legend: B batch, S positions, N = B*S, d width, H heads, hd head width, f hidden,
 # V vocab, L layers.

@@ -1,4 +1,4 @@
-"""Tests of xenith_edu.train and xenith_edu.sample: presets, the loop, exact resume, golden curve.
+"""Tests of training and generation: presets, the loop, exact resume, golden curve.
 
 The golden loss trace in tests/golden/ is regenerated (only after a deliberate change of the
 training recipe) with: XENITH_EDU_UPDATE_GOLDEN=1 python -m pytest tests/test_train.py -k golden
@@ -13,13 +13,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import xenith_edu.threads as threads_mod
+import xenith_edu.training.threads as threads_mod
 from xenith_edu import Config, init_params
-from xenith_edu.checkpoint import load_checkpoint
-from xenith_edu.data import CharTokenizer
-from xenith_edu.sample import generate, next_token_probs, sample_text
+from xenith_edu.model.generate import generate, next_token_probs, sample_text
 from xenith_edu.softmax_ce import per_token_loss
-from xenith_edu.train import BOOK, SMALL, TrainConfig, TrainingDiverged, evaluate, read_log, train
+from xenith_edu.training import (
+    BOOK,
+    SMALL,
+    TrainConfig,
+    TrainingDiverged,
+    evaluate,
+    read_log,
+    train,
+)
+from xenith_edu.training.checkpoint import load_checkpoint
+from xenith_edu.training.data import CharTokenizer
 
 GOLDEN = Path(__file__).parent / "golden" / "small_loss_trace.json"
 GOLDEN_ATOL = 1e-3  # see the golden test for why this is tight enough and loose enough

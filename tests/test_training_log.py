@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xenith_edu.train import BOOK, LOG, TrainConfig, read_log, train
+from xenith_edu.training import BOOK, LOG, TrainConfig, read_log, train
 
 RUN = Path(__file__).resolve().parents[1] / "runs" / "book"
 STEPS = 20  # the first updates: a few seconds of the book config

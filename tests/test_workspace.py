@@ -7,8 +7,8 @@ import threading
 import numpy as np
 
 import xenith_edu as xe
-from xenith_edu.params import random_params
-from xenith_edu.workspace import Workspace, empty, workspace
+from xenith_edu.model.params import random_params
+from xenith_edu.tools.workspace import Workspace, empty, workspace
 
 
 def test_a_held_array_is_never_handed_out_again():
@@ -91,7 +91,7 @@ def test_repeated_calls_give_identical_results(rng):
 
 def test_an_array_held_once_elsewhere_is_not_free():
     """The reference count that means "free" is measured; one more reference means "in use"."""
-    from xenith_edu.workspace import _FREE_REFS, _free_index
+    from xenith_edu.tools.workspace import _FREE_REFS, _free_index
 
     held = np.empty(3)
     arrays = [np.empty(2), held, np.empty(4)]

@@ -1,30 +1,54 @@
 """xenith_edu: backpropagation through a tiny LLaMA-style transformer, by hand, in NumPy.
 
-Each module is one chapter of the book; `model` assembles them into forward and backward.
+The package is built in floors, and imports run one way, down:
+
+    cli/          the `xenith-edu` command line
+    classroom/    student versions of the notebooks and the sandboxed grader
+    exercises/    the learner's checks: the engine, the runner, one module per chapter
+    training/     settings, data, AdamW, the step, the loop, checkpoints, threads, MPI
+    model/        Config, the parameter table, forward and backward, generation, check_model
+    softmax_ce, swiglu, rmsnorm, attention, rope, embedding, linear, flash_attention
+                  the components: one module per chapter, `*_forward`/`*_backward` pairs
+    tools/        finite differences, the workspace, file writes, plots
+
+`chapters` is the registry of the book's chapters, which every floor may read.
 """
 
 from . import (
     attention,
-    checkpoint,
-    data,
     embedding,
     exercises,
     flash_attention,
-    gradcheck,
     linear,
-    optim,
+    model,
     rmsnorm,
     rope,
-    sample,
     softmax_ce,
     swiglu,
-    train,
+    training,
 )
-from .checkpoint import load_checkpoint, save_checkpoint
-from .data import CharTokenizer
-from .model import Config, backward, forward, init_params, loss_and_grads, param_shapes
-from .optim import adamw_update, clip_by_global_norm, lr_at
-from .train import TrainConfig
+from .model import (
+    CharTokenizer,
+    Config,
+    backward,
+    check_model,
+    forward,
+    init_params,
+    loss_and_grads,
+    param_shapes,
+)
+from .tools import gradcheck
+from .training import (
+    TrainConfig,
+    adamw_update,
+    checkpoint,
+    clip_by_global_norm,
+    data,
+    load_checkpoint,
+    lr_at,
+    optim,
+    save_checkpoint,
+)
 
 __version__ = "0.1.0"
 
@@ -35,6 +59,7 @@ __all__ = [
     "adamw_update",
     "attention",
     "backward",
+    "check_model",
     "checkpoint",
     "clip_by_global_norm",
     "data",
@@ -48,13 +73,13 @@ __all__ = [
     "load_checkpoint",
     "loss_and_grads",
     "lr_at",
+    "model",
     "optim",
     "param_shapes",
     "rmsnorm",
     "rope",
-    "sample",
     "save_checkpoint",
     "softmax_ce",
     "swiglu",
-    "train",
+    "training",
 ]

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .workspace import empty, empty_like
+from .tools.workspace import empty, empty_like
 
 # Shape legend: B batch, H heads, S positions, hd head width.
 

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .workspace import empty
+from .tools.workspace import empty
 
 # Shape legend: N positions (any leading axes ... are flattened for dW), n in, m out.
 

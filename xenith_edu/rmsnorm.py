@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .workspace import empty_like
+from .tools.workspace import empty_like
 
 # Shape legend: (..., d) any leading axes (B, S or N = B*S), d width.
 

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .workspace import empty
+from .tools.workspace import empty
 
 # Shape legend: S positions, hd head width (even); u is (..., S, hd), e.g. (B, H, S, hd).
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .workspace import empty_like
+from .tools.workspace import empty_like
 
 # Shape legend: N positions (N = B*S when flattened), V vocab. Leading axes may be any
 # shape (...); the loss is averaged over all of them. The targets are integer ids in [0, V)

@@ -162,11 +162,11 @@ def test_grade_log_gets_one_json_line_per_check(tmp_path, monkeypatch):
     log = tmp_path / "grades.jsonl"
     monkeypatch.setenv(ex.GRADE_LOG_ENV, str(log))
     ex.check_linear_backward(test_backward.linear)
-    ex.check_uniform_loss(raising(NotImplementedError()))
+    ex.check_label_smoothing(raising(NotImplementedError()))
     ex.check_rope_backward(kw(test_rope.rope_bwd, way=1.0))
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(e["exercise"], e["status"]) for e in lines] == [
-        ("linear_backward", "passed"), ("uniform_loss", "not attempted"),
+        ("linear_backward", "passed"), ("label_smoothing", "not attempted"),
         ("rope_backward", "failed")]
     assert "RoPE rotated the wrong way" in lines[2]["message"]
 
@@ -203,8 +203,6 @@ def test_a_random_rng_varies_the_cases(name):
     assert [c.label for c in spec.make_cases()] == [c.label for c in spec.make_cases()]
     drawn = [spec.make_cases(np.random.default_rng(s)) for s in range(6)]
     assert all(len(d) >= 1 for d in drawn)
-    if name in {"uniform_loss", "rmsnorm_dot"}:  # replaced: their answer is in the chapter
-        return
     values = [np.concatenate([np.ravel(a) for c in d for a in c.args
                               if isinstance(a, np.ndarray)] or [np.zeros(1)]) for d in drawn]
     assert len({v.tobytes() for v in values}) == 6 or len(
@@ -214,8 +212,6 @@ def test_a_random_rng_varies_the_cases(name):
 @pytest.mark.parametrize("name", sorted(RIGHT))
 def test_every_plain_setting_varies_across_cases_and_draws(name):
     # no size or hyperparameter held fixed for every case of every draw
-    if name in {"uniform_loss", "rmsnorm_dot"}:
-        pytest.skip("replaced exercises")
     spec = ex.SPECS[name]
     cases = [c for s in range(4) for c in spec.make_cases(np.random.default_rng(s))]
     for position, arg_name in enumerate(spec.arg_names):
@@ -330,10 +326,10 @@ def test_each_check_names_its_chapter_by_its_registered_title(name):
 @pytest.mark.parametrize("name", sorted(RIGHT))
 def test_every_float_output_has_a_floor_tied_to_the_inputs(name):
     spec = ex.SPECS[name]
-    if name in {"uniform_loss", "rmsnorm_dot"} or not any(
+    if not any(
             isinstance(o, float | np.ndarray) and np.asarray(o).dtype.kind == "f"
             for o in spec.reference(*spec.make_cases()[0].args)):
-        pytest.skip("replaced, or integer answers compared exactly")
+        pytest.skip("integer answers are compared exactly")
     for case in spec.make_cases():
         floors = spec.floor(tuple(np.asarray(a, dtype=np.float64) if isinstance(a, np.ndarray)
                                   else a for a in case.args))

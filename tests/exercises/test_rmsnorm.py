@@ -86,7 +86,6 @@ def scale_grad_by_backward(dy, x, w, eps):
 RIGHT = {
     "rmsnorm_backward": (rms, lambda dy, x, w, eps: rmsnorm_backward(
         dy, rmsnorm_forward(x, w, eps)[1])),
-    "rmsnorm_dot": (lambda d: 0, lambda d: 0.0),
     "layernorm_backward": (ln, ln_jacobian),
     "rmsnorm_scale_grad": (scale_grad, scale_grad_by_backward),
 }
@@ -112,8 +111,6 @@ MUTANTS = [
     ("rmsnorm_backward", lambda dy, x, w, eps: (rms(dy, x, w, eps)[0],
                                                 rms(dy, x, w, eps)[1][None, :]),
      [r"re:dw has shape \(1, (\d+)\), expected \(\1,\)"]),
-    ("rmsnorm_dot", lambda d: d, ["expected 0, got", "squared length of xhat"]),
-    ("rmsnorm_dot", lambda d: 1.0, ["value is wrong: expected 0, got 1"]),
     ("rmsnorm_backward", lambda dy, x, w, eps: rms(dy, x, w, 1e-5),
      ["eps is fixed at 1e-05 instead of read from the argument eps"]),
     ("layernorm_backward", kw(ln, center=False), ["that is RMSNorm's backward"]),

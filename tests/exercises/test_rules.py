@@ -9,7 +9,7 @@ import pytest
 from xenith_edu import exercises
 from xenith_edu.exercises import rules
 from xenith_edu.exercises.rules import OUT_NAMES, block_forward, check_rules_block
-from xenith_edu.gradcheck import check_gradient
+from xenith_edu.tools.gradcheck import check_gradient
 
 from .helpers import catalogue_tests
 

@@ -5,8 +5,6 @@ Each mistake of the catalogue is rejected with its diagnosis; the right answers 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from xenith_edu.softmax_ce import softmax_cross_entropy
@@ -65,14 +63,10 @@ def ls_mixed(logits, targets, eps):
                                                    ).astype(logits.dtype)
 
 
-def uniform(V):
-    return math.log(V)
-
 
 # exercise -> (the right answer from scratch, the package's reference in the learner's signature)
 RIGHT = {
     "softmax_cross_entropy": (ce, softmax_cross_entropy),
-    "uniform_loss": (uniform, lambda V: -math.log(1.0 / V)),
     "label_smoothing": (ls, ls_mixed),
 }
 
@@ -92,11 +86,6 @@ MUTANTS = [
     ("softmax_cross_entropy", lambda lg, t: (ce(lg, t)[0], ce(lg, t)[1].astype(np.float64)),
      ["float32", "dlogits has dtype float64, expected float32"]),
     ("softmax_cross_entropy", lambda lg, t: ce(lg, t) + (0,), ["returned 3 values, expected 2"]),
-    ("uniform_loss", lambda V: math.log(1 / V), ["sign flipped"]),
-    ("uniform_loss", lambda V: 1 / V, ["probability 1/V"]),
-    ("uniform_loss", lambda V: math.log2(V), ["log base 2"]),
-    ("uniform_loss", lambda V: V, ["that is V itself"]),
-    ("uniform_loss", lambda V: np.array([math.log(V)]), ["should be a number"]),
     ("label_smoothing", lambda lg, t, e: ce(lg, t), ["the smoothing is ignored"]),
     ("label_smoothing", kw(ls, grad_smooth=False), ["the gradient ignores the smoothing",
                                                     "(loss is right.)"]),

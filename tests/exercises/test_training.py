@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 import xenith_edu.exercises as ex
-from xenith_edu.optim import adamw_update, lr_at
+from xenith_edu.training.optim import adamw_update, lr_at
 
 from .helpers import catalogue_tests, kw
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..util import atomic_write_text
+from ..tools.util import atomic_write_text
 from . import sandbox, wire
 from .journal import Journal, fingerprint, group_readable
 from .roster import Exercise, learner_notebooks, match, submissions, teacher_exercises

@@ -13,7 +13,7 @@ import os
 import threading
 from pathlib import Path
 
-from ..util import atomic_write_text
+from ..tools.util import atomic_write_text
 
 VERSION = 1
 

@@ -8,7 +8,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from ..util import atomic_write_text
+from ..tools.util import atomic_write_text
 
 LIKELY = re.compile(r"Likely mistake: (.+?)(?:\n|$)", re.DOTALL)
 TOP = 8  # mistakes listed

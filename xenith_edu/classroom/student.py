@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from ..util import atomic_write_text, one_line
+from ..tools.util import atomic_write_text, one_line
 
 # nbgrader's markers. Code between BEGIN and END SOLUTION becomes a stub that raises
 # NotImplementedError; markdown between them becomes TEXT_STUB; hidden tests are dropped.

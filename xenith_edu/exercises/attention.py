@@ -11,7 +11,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from .engine import OVERFLOW, Case, CheckResult, Mistake, Spec, amax, check, fmt, randn, softmax64
+from .engine import check
+from .kit import OVERFLOW, amax, fmt, int_sampler, randn, softmax64
+from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: B batch, H heads, S positions, hd head width.
 
@@ -24,8 +26,7 @@ def _attention_reference(dout, q, k, v) -> tuple:
 
 
 def _attention_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     sq = 2 * ints(2, 3)
     shapes = [  # label, B, H, S, hd, dtype, scale of q and k
@@ -179,8 +180,7 @@ def _gqa_reference(dout, q, k, v) -> tuple:
 
 
 def _gqa_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     plans = [("", ints(1, 2), ints(2, 3), ints(2, 3), ints(3, 6), np.float64),
              ("", 1, 2, ints(2, 4), ints(4, 7), np.float32),
@@ -300,8 +300,7 @@ def _memory_mistakes(args: tuple, exp: dict) -> list[Mistake]:
 
 
 def _memory_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     sizes = [(ints(2, 4), ints(2, 4), ints(3, 8), 8), (ints(3, 5), ints(4, 8), ints(128, 512), 4),
              (ints(5, 8), ints(8, 12), ints(512, 1024), 2), (1, 1, 1, int(rng.choice([2, 4, 8])))]

@@ -10,15 +10,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .engine import Case, CheckResult, Mistake, Spec, amax, check, randn
-from .rmsnorm import log_uniform, rms_parts
+from .engine import check
+from .kit import amax, int_sampler, log_uniform, randn, rms_parts
+from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: N positions, n inputs, m outputs of a linear layer Y = X @ W.
 
 
 def _linear_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     sq = ints(3, 5)
     shapes = [  # label, N, n, m, dtype
@@ -96,8 +96,7 @@ def _residual_reference(dout, h, w, W, alpha, eps) -> tuple:
 
 
 def _residual_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     cases = []
     for what, N, d, dtype in [("", ints(3, 6), ints(3, 6), np.float64),
@@ -208,8 +207,7 @@ def _stack_backward64(dout, h, w, W, eps) -> tuple:
 
 
 def _stack_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     cases = []
     for N, d, L, dtype in [(ints(3, 5), ints(3, 6), ints(2, 3), np.float64),

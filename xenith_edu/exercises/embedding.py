@@ -9,7 +9,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .engine import Case, CheckResult, Mistake, Spec, amax, check, close, randn
+from .engine import check, close
+from .kit import amax, int_sampler, randn
+from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: B batch, S positions, N = B*S positions, d width, V vocab.
 
@@ -25,8 +27,7 @@ def package_embedding_backward(x: np.ndarray, dh: np.ndarray, vocab_size: int) -
 
 def token_cases(rng: np.random.Generator) -> list[tuple[str, np.ndarray, int, int, type]]:
     """(label, x (B, S), V, d, dtype): repeated tokens, one token, one token everywhere..."""
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     B1, S1, V1, d1 = ints(2, 3), ints(4, 6), ints(6, 9), ints(2, 4)
     B2, S2, V2, d2 = ints(2, 4), ints(3, 5), ints(8, 12), ints(4, 6)

@@ -11,12 +11,14 @@ import math
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from .kit import fmt, fmt_pair
 from .outcomes import NotCallable, run
-from .validate import FAILED, NOT_ATTEMPTED, Stop, records, unpack, validate
+from .types import Case, CheckResult, Spec, Status
+from .validate import Stop, records, unpack, validate
 
 # Shape legend: B batch, S positions, N = B*S positions (flattened), d width, H heads,
 # hd head width, f SwiGLU hidden width, V vocab.
@@ -27,132 +29,10 @@ GRADE_LOG_ENV = "XENITH_EDU_GRADE_LOG"  # if set, every check appends one JSON l
 # with any correct formula to ~1e-13; float32 carries ~1e-7 per operation.
 TOLERANCE = {np.dtype(np.float64): 1e-8, np.dtype(np.float32): 1e-4}
 
-PASSED = "passed"
-
 CANNOT = ("No mistake the check knows of fits this answer, so it cannot name it: compare each "
           "line with the derivation, one output at a time.")
 NAN_HINT = ("NaN comes from 0/0, inf - inf, 0 * inf, or sqrt/log of a negative number: print "
             "the intermediate arrays of this case to find the first one that goes wrong.")
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """The verdict of one check: `status` is "passed", "failed" or "not attempted"."""
-
-    exercise: str
-    status: str
-    passed: bool
-    message: str
-
-    def __str__(self) -> str:
-        return self.message
-
-
-@dataclass(frozen=True)
-class Case:
-    """One input of a check: the arguments of the learner's function, and how to name them."""
-
-    label: str  # what the learner reads: "float32, N=5, d=16"
-    args: tuple  # the arguments of the learner's function, in order
-    overflow_hint: str = ""  # said when the learner's output is NaN or inf on this case
-    probe: bool = False  # an extra input for the diagnosis only, not a case of the verdict
-
-
-Mistake = tuple[str, Callable[[], dict]]  # (description, () -> {output name: wrong answer})
-
-
-@dataclass
-class Spec:
-    """One exercise: its id, the learner's signature, the reference, the cases, the diagnosis.
-
-    The chapter is the module the spec's `cases` function lives in, the id is stored here only.
-    """
-
-    id: str  # the check's name without "check_"
-    reference_name: str  # what the notebook falls back on, named in "not attempted yet"
-    arg_names: tuple[str, ...]
-    out_names: tuple[str, ...]
-    kinds: tuple[str, ...]  # per output: "array", "float" or "int"
-    reference: Callable[..., tuple]  # same arguments as the learner's function, returns a tuple
-    cases: Callable[[np.random.Generator], list[Case]]  # every size and setting from the rng
-    summary: str  # what the passing cases covered, for the "passed" verdict
-    seed: int  # the notebook's fixed seed, so in-notebook verdicts are deterministic
-    single: bool = False  # the learner's function returns one value, not a tuple
-    # (args in float64, expected) -> the known mistakes and the answers each one gives
-    mistakes: Callable[[tuple, dict], list[Mistake]] | None = None
-    # (args in float64, expected, got, wrong output names, tol) -> likely mistakes, on one case
-    diagnose: Callable[..., list[str]] | None = None
-    factors: Callable[[tuple], dict[str, float]] | None = None  # named sizes: {"N = 8": 8.0}
-    probes: Callable[[np.random.Generator], list[Case]] | None = None  # extra diagnosis inputs
-    probe_hint: Callable[[tuple, object], str | None] | None = None  # (args, outcome) -> text
-    # (args in float64) -> per output, the size of the terms it is made of: an error below
-    # sqrt(tol) times that size is rounding, even where the expected output is nearly zero
-    floor: Callable[[tuple], dict[str, float]] | None = None
-    shape_hints: dict[str, str] = field(default_factory=dict)
-    dtype_hint: str = ""
-    tol: float | None = None  # overrides TOLERANCE (scalar checks)
-    per_layer: tuple[str, ...] = ()  # outputs whose first axis is the layer: say which are wrong
-    replaced_by: str = ""  # a superseded exercise names its successor here
-
-    @property
-    def chapter(self) -> str:
-        """The chapter's slug: the name of the module that defines the cases."""
-        return self.cases.__module__.rsplit(".", 1)[-1]
-
-    def make_cases(self, rng: np.random.Generator | None = None) -> list[Case]:
-        """The cases drawn from `rng`; from the fixed seed of the notebook when None."""
-        return self.cases(np.random.default_rng(self.seed) if rng is None else rng)
-
-    def inputs(self, rng: np.random.Generator | None = None) -> list[Case]:
-        """The cases, then the probe inputs: everything the learner's function is called on."""
-        rng = np.random.default_rng(self.seed) if rng is None else rng
-        cases = self.cases(rng)
-        return cases + ([] if self.probes is None else self.probes(rng))
-
-
-# ----------------------------------------------------------------------------------------------
-# Small functions shared with the chapter modules.
-
-
-def fmt(x: float) -> str:
-    return f"{float(x):.6g}"
-
-
-def fmt_pair(expected: float, got: float) -> tuple[str, str]:
-    """Both numbers with as many digits as it takes to show that they differ (6 at least)."""
-    e, g = float(expected), float(got)
-    for digits in range(6, 18):
-        a, b = f"{e:.{digits}g}", f"{g:.{digits}g}"
-        if a != b:
-            return a, b
-    return repr(e), repr(g)
-
-
-def randn(rng: np.random.Generator, shape: tuple, dtype: type = np.float64,
-          scale: float = 1.0) -> np.ndarray:
-    return (scale * rng.standard_normal(shape)).astype(dtype)
-
-
-def softmax64(z: np.ndarray, axis: int = -1) -> np.ndarray:
-    z = z - z.max(axis=axis, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=axis, keepdims=True)
-
-
-def sigmoid64(z: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * z))
-
-
-def amax(*arrays: object) -> float:
-    """The product of the largest magnitudes of the arrays: the size of their products' terms."""
-    out = 1.0
-    for a in arrays:
-        out *= float(np.max(np.abs(a))) if np.size(a) else 0.0
-    return out
-
-
-OVERFLOW = ("Overflow in exp: exp of a large number is inf. Subtract each row's max before "
-            "exponentiating (the softmax does not change).")
 
 
 def _as64(a: object) -> object:
@@ -398,9 +278,9 @@ def judge(spec: Spec, calls: list[tuple[Case, object]],
     if not_callable is not None:
         text = (f"[failed] {spec.id}: expected a function, got {not_callable.text} "
                 f"({not_callable.type_name}). Pass the function itself, without calling it.")
-        return CheckResult(spec.id, FAILED, False, text)
+        return CheckResult(spec.id, Status.FAILED, False, text)
     if not cases:  # nothing to judge is never a pass
-        return CheckResult(spec.id, FAILED, False, f"[failed] {spec.id}: no case was run.")
+        return CheckResult(spec.id, Status.FAILED, False, f"[failed] {spec.id}: no case was run.")
     judged: list[_Judged] = []
     first: tuple[int, Case, str] | None = None
     for i, (case, outcome) in enumerate(cases, start=1):
@@ -410,10 +290,10 @@ def judge(spec: Spec, calls: list[tuple[Case, object]],
             except Stop:
                 raise
             except Exception as exc:  # a check must never crash the learner's notebook
-                raise Stop(FAILED, f"the check could not compare the answer "
+                raise Stop(Status.FAILED, f"the check could not compare the answer "
                                     f"({type(exc).__name__}: {exc}).") from None
         except Stop as stop:
-            if stop.status == NOT_ATTEMPTED:
+            if stop.status == Status.NOT_ATTEMPTED:
                 return _not_attempted(spec, fn_name)
             first = first or (i, case, stop.text)
             continue
@@ -427,7 +307,7 @@ def _result(spec: Spec, cases: list, judged: list[_Judged], probes: list,
             first: tuple[int, Case, str] | None) -> CheckResult:
     n = len(cases)
     if first is None:
-        return CheckResult(spec.id, PASSED, True, f"[passed] {spec.id}: all {n} cases agree "
+        return CheckResult(spec.id, Status.PASSED, True, f"[passed] {spec.id}: all {n} cases agree "
                                                   f"with the reference ({spec.summary}).")
     i, case, text = first
     if text:
@@ -435,7 +315,7 @@ def _result(spec: Spec, cases: list, judged: list[_Judged], probes: list,
     else:
         failed = next(j for j in judged if j.case is case)
         message = _failed_values(spec, i, n, failed, judged, probes)
-    return CheckResult(spec.id, FAILED, False, message)
+    return CheckResult(spec.id, Status.FAILED, False, message)
 
 
 def _failed_values(spec: Spec, i: int, n: int, first: _Judged, judged: list[_Judged],
@@ -459,7 +339,7 @@ def _not_attempted(spec: Spec, fn_name: str) -> CheckResult:
     text = (f"[not attempted yet] {spec.id}: {fn_name} raises NotImplementedError. Fill it in "
             f"and run this cell again; meanwhile the notebook goes on with "
             f"{spec.reference_name}.")
-    return CheckResult(spec.id, NOT_ATTEMPTED, False, text)
+    return CheckResult(spec.id, Status.NOT_ATTEMPTED, False, text)
 
 
 def log(result: CheckResult) -> None:

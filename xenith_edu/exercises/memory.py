@@ -10,7 +10,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .engine import OVERFLOW, Case, CheckResult, Mistake, Spec, amax, check, randn
+from .engine import check
+from .kit import OVERFLOW, amax, int_sampler, randn
+from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: R rows (queries), b1, b2 keys of two blocks, B batch, H heads, S positions,
 # hd head width, L layers.
@@ -39,8 +41,7 @@ def block_stats(z: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
 
 
 def _merge_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     cases = []
     settings = [  # label, dtype, score scale, how block 2 relates to block 1
@@ -153,8 +154,7 @@ def rowsum_reference(dout, out) -> tuple:
 def _rowsum_cases(rng: np.random.Generator) -> list[Case]:
     from ..attention import causal_attention_forward
 
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     cases = []
     for label, dtype, S in (("float64", np.float64, ints(3, 7)), ("float32", np.float32,
@@ -217,8 +217,7 @@ def max_context_reference(budget, n_layer, batch, n_head, head_dim, itemsize) ->
 
 
 def _budget_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     cases = []
     for what in ("", "", "exact", "small"):

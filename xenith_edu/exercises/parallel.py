@@ -8,7 +8,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .engine import Case, CheckResult, Mistake, Spec, amax, check, randn
+from .engine import check
+from .kit import amax, randn
+from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: K ranks (shards), n_r positions of shard r, N = sum of n_r; a gradient has the
 # shape of its parameter (any shape), so the K shard gradients stack to (K, ...).

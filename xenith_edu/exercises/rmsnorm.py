@@ -9,7 +9,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .engine import Case, CheckResult, Mistake, Spec, amax, check, randn
+from .engine import check
+from .kit import amax, int_sampler, log_uniform, randn, rms_parts
+from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: N positions, d width.
 
@@ -21,13 +23,8 @@ def _rmsnorm_reference(dy, x, w, eps) -> tuple:
     return rmsnorm_backward(dy, cache)
 
 
-def log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
-    return float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
-
-
 def _rmsnorm_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     sq = ints(4, 7)
     shapes = [  # label, N, d, dtype, x scale
@@ -48,12 +45,6 @@ def _rmsnorm_cases(rng: np.random.Generator) -> list[Case]:
         label = label.replace("(one position), N=1, ", "(one position), ")
         cases.append(Case(f"{np.dtype(dtype).name}, {label}, eps={eps:.1e}", (dy, x, w, eps)))
     return cases
-
-
-def rms_parts(x: np.ndarray, eps: float, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
-    """(xhat, rstd) of RMSNorm along `axis`."""
-    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=axis, keepdims=True) + eps)
-    return x * rstd, rstd
 
 
 def _rmsnorm_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -131,32 +122,6 @@ def check_rmsnorm_backward(fn: Callable) -> CheckResult:
     return check(RMSNORM, fn)
 
 
-RMSNORM_DOT = Spec(
-    id="rmsnorm_dot",
-    reference_name="the value 0",
-    arg_names=("d",),
-    out_names=("value",),
-    kinds=("float",),
-    reference=lambda d: (0.0,),
-    cases=lambda rng: [Case(f"d={d}", (d,)) for d in (2, 16, 512)],
-    seed=304,
-    summary="d = 2, 16 and 512",
-    single=True,
-    mistakes=lambda args, exp: [
-        ("that is sum(xhat**2) = d, the squared length of xhat, not the dot product of x "
-         "with dx.", lambda: {"value": float(args[0])}),
-    ],
-    replaced_by="check_rmsnorm_scale_grad",
-)
-
-
-def check_rmsnorm_dot(fn: Callable) -> CheckResult:
-    """`fn(d) -> float`, sum(x * dx) per row when w = ones and eps = 0.
-
-    Replaced by `check_rmsnorm_scale_grad`: the "RMSNorm" chapter states this answer. Kept
-    importable until the notebook moves to its successor.
-    """
-    return check(RMSNORM_DOT, fn)
 
 
 def layernorm_backward64(dy, x, w, b, eps, ddof: int = 0, center: bool = True) -> dict:
@@ -178,8 +143,7 @@ def _ln_reference(dy, x, w, b, eps) -> tuple:
 
 
 def _ln_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     plans = [("", ints(3, 6), ints(5, 9), np.float64, 1.0, 2.0),
              ("", ints(3, 6), ints(10, 16), np.float32, 1.0, 1.0),
@@ -264,8 +228,7 @@ def _scale_reference(dy, x, w, eps) -> tuple:
 
 def _scale_cases(rng: np.random.Generator) -> list[Case]:
     # inputs of the size of sqrt(eps), where eps changes the answer most
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     cases = []
     for what, N, d, dtype in [("", ints(3, 6), ints(4, 10), np.float64),
@@ -330,7 +293,7 @@ def check_rmsnorm_scale_grad(fn: Callable) -> CheckResult:
     return check(RMSNORM_SCALE, fn)
 
 
-SPECS = [RMSNORM, RMSNORM_DOT, LAYERNORM, RMSNORM_SCALE]
+SPECS = [RMSNORM, LAYERNORM, RMSNORM_SCALE]
 
-__all__ = ["check_rmsnorm_backward", "check_rmsnorm_dot", "check_layernorm_backward",
+__all__ = ["check_rmsnorm_backward", "check_layernorm_backward",
            "check_rmsnorm_scale_grad"]

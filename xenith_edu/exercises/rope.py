@@ -9,8 +9,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .engine import Case, CheckResult, Mistake, Spec, amax, check, randn
-from .rmsnorm import log_uniform
+from .engine import check
+from .kit import amax, int_sampler, log_uniform, randn
+from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: B batch, H heads, S positions, hd head width (even).
 
@@ -30,8 +31,7 @@ def tables(S: int, hd: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _rope_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     shapes = [  # label, shape, dtype, theta
         ("", (ints(4, 8), 2 * ints(2, 5)), np.float64, log_uniform(rng, 1e3, 1e5)),
@@ -130,8 +130,7 @@ def _rope_tables_mistakes(args: tuple, exp: dict) -> list[Mistake]:
 
 
 def _rope_tables_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     sizes = [(ints(6, 12), 2 * ints(2, 4), log_uniform(rng, 1e3, 1e5)),
              (ints(12, 16), 8, log_uniform(rng, 100, 1e3)), (1, 2, log_uniform(rng, 1e3, 1e5)),
@@ -235,8 +234,7 @@ def _perm_mistakes(args: tuple, exp: dict) -> list[Mistake]:
 
 
 def _perm_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     # head_dim 6 at least somewhere: for 2 and 4 the permutation is its own inverse
     sizes = [(ints(2, 4), 2 * ints(3, 4)), (1, 2 * ints(2, 5)), (ints(2, 3), 2)]

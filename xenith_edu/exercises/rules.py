@@ -11,7 +11,9 @@ from collections.abc import Callable
 import numpy as np
 
 from . import engine
-from .engine import Case, CheckResult, Mistake, Spec, amax, check, randn
+from .engine import check
+from .kit import amax, int_sampler, randn
+from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: N positions, d width, m output width of the linear layer.
 
@@ -81,8 +83,7 @@ def block_backward(x: np.ndarray, w: np.ndarray, W: np.ndarray, target: np.ndarr
 
 
 def _cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     sq = ints(4, 6)
     shapes = [  # what, N, d, m, dtype, x scale

@@ -10,7 +10,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .engine import OVERFLOW, Case, CheckResult, Mistake, Spec, check, randn, softmax64
+from .engine import check
+from .kit import OVERFLOW, int_sampler, randn, softmax64
+from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: N positions, V vocab.
 
@@ -32,8 +34,7 @@ def _logit_case(rng: np.random.Generator, label: str, N: int, V: int, dtype: typ
 
 
 def _ce_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     big64, big32 = float(rng.uniform(750, 850)), float(rng.uniform(90, 105))
     plain = "N={N}, V={V}"
@@ -122,44 +123,6 @@ def check_softmax_cross_entropy(fn: Callable) -> CheckResult:
     return check(CE, fn)
 
 
-def _uniform_cases(rng: np.random.Generator) -> list[Case]:
-    # fixed sizes: the answer is stated in the chapter, so there is nothing to hide
-    return [Case(f"V={V}", (V,)) for V in (2, 10, 65, 50257)]
-
-
-UNIFORM = Spec(
-    id="uniform_loss",
-    reference_name="the loss log(V)",
-    arg_names=("V",),
-    out_names=("loss",),
-    kinds=("float",),
-    reference=lambda V: (math.log(V),),
-    cases=_uniform_cases,
-    seed=102,
-    summary="V = 2, 10, 65 and 50257",
-    single=True,
-    mistakes=lambda args, exp: [
-        ("sign flipped: the loss is -log(1/V).", lambda: {"loss": -exp["loss"]}),
-        ("that is the probability 1/V of each token; the loss is -log of it.",
-         lambda: {"loss": 1.0 / args[0]}),
-        ("log base 2: use the natural log.", lambda: {"loss": math.log2(args[0])}),
-        ("log base 10: use the natural log.", lambda: {"loss": math.log10(args[0])}),
-        ("that is V itself; the loss is -log(1/V).", lambda: {"loss": float(args[0])}),
-    ],
-    floor=lambda args: {"loss": 1.0},
-    replaced_by="check_label_smoothing",
-)
-
-
-def check_uniform_loss(fn: Callable) -> CheckResult:
-    """`fn(V) -> float`, the loss of a model whose logits are all equal.
-
-    Replaced by `check_label_smoothing`: the "Softmax cross-entropy" chapter states this
-    answer. Kept importable until the notebook moves to its successor.
-    """
-    return check(UNIFORM, fn)
-
-
 def log_softmax64(z: np.ndarray) -> np.ndarray:
     z = z - z.max(axis=-1, keepdims=True)
     return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
@@ -187,8 +150,7 @@ def _ls_reference(logits: np.ndarray, targets: np.ndarray, smoothing: float) -> 
 
 
 def _ls_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     plans = [("N={N}, V={V}", ints(4, 9), ints(5, 12), np.float64, 2.0, 0.0),
              ("N={N}, V={V}", ints(3, 7), ints(6, 14), np.float32, 2.0, 0.0),
@@ -256,6 +218,6 @@ def check_label_smoothing(fn: Callable) -> CheckResult:
     return check(LABEL_SMOOTHING, fn)
 
 
-SPECS = [CE, UNIFORM, LABEL_SMOOTHING]
+SPECS = [CE, LABEL_SMOOTHING]
 
-__all__ = ["check_softmax_cross_entropy", "check_uniform_loss", "check_label_smoothing"]
+__all__ = ["check_softmax_cross_entropy", "check_label_smoothing"]

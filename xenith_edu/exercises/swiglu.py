@@ -10,7 +10,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .engine import Case, CheckResult, Mistake, Spec, amax, check, randn, sigmoid64
+from .engine import check
+from .kit import amax, int_sampler, randn, sigmoid64
+from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: N positions, d width, f hidden width.
 
@@ -33,8 +35,7 @@ def block_inputs(rng: np.random.Generator, N: int, d: int, f: int, dtype: type) 
 
 
 def _swiglu_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     sq = ints(3, 6)
     shapes = [  # label, N, d, f, dtype
@@ -196,8 +197,7 @@ def _gelu_reference(dout, x, w1, w2) -> tuple:
 
 
 def _gelu_cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     plans = [("", ints(3, 6), ints(2, 5), ints(6, 10), np.float64, 1.0),
              ("", ints(3, 6), ints(3, 6), ints(7, 12), np.float32, 1.0),

@@ -9,7 +9,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .engine import Case, CheckResult, Mistake, Spec, amax, check, randn
+from .engine import check
+from .kit import amax, int_sampler, randn
+from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: d width, H heads, hd = d // H head width (even). A checkpoint's weight is
 # nn.Linear's (out, in) = (d, d); ours is (in, out), the output coordinates of head c being the
@@ -48,8 +50,7 @@ def _swapped_rows(d: int, n_head: int) -> np.ndarray:
 
 
 def _cases(rng: np.random.Generator) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     # (what, n_head, hd, dtype). The first case tells every known mistake apart: several heads,
     # and hd >= 6, where the permutation and its inverse differ (for hd = 4 they coincide). The

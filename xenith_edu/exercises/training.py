@@ -10,14 +10,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .engine import Case, CheckResult, Mistake, Spec, amax, check, randn
-from .rmsnorm import log_uniform
+from .engine import check
+from .kit import amax, int_sampler, log_uniform, randn
+from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: p, g, m, v all have the shape of one parameter (any shape); AdamW is elementwise.
 
 
 def _adamw_reference(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay) -> tuple:
-    from ..optim import adamw_update
+    from ..training.optim import adamw_update
 
     return adamw_update(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay)
 
@@ -30,8 +31,7 @@ def hyper(rng: np.random.Generator, wd: tuple[float, float]) -> tuple:
 
 
 def _adamw_cases(rng: np.random.Generator, zero_decay: tuple = (0.0, 0.0)) -> list[Case]:
-    def ints(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    ints = int_sampler(rng)
 
     n, a = ints(3, 6), ints(4, 6)
     plans = [  # what, shape, dtype, t, weight decay range, gradient scale
@@ -196,7 +196,7 @@ def check_adam_l2_update(fn: Callable) -> CheckResult:
 
 
 def _lr_reference(step, max_lr, min_lr, warmup_steps, decay_steps) -> tuple:
-    from ..optim import lr_at
+    from ..training.optim import lr_at
 
     return (lr_at(step, max_lr, min_lr, warmup_steps, decay_steps),)
 

@@ -6,16 +6,11 @@ Each rule raises `Stop` with the sentence the learner reads; `engine` compares t
 from __future__ import annotations
 
 import numbers
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .outcomes import InPlace, Opaque, Raised
-
-if TYPE_CHECKING:
-    from .engine import Spec
-
-FAILED, NOT_ATTEMPTED = "failed", "not attempted"
+from .types import Spec, Status
 
 
 class Stop(Exception):
@@ -49,14 +44,14 @@ def records(spec: Spec, outcome: object, fn_name: str) -> None:
     """Raises Stop for an outcome that is a record rather than a returned value."""
     if isinstance(outcome, Raised):
         if outcome.type_name == "NotImplementedError":
-            raise Stop(NOT_ATTEMPTED, "")
+            raise Stop(Status.NOT_ATTEMPTED, "")
         hint = _raise_hint(outcome.type_name, outcome.message)
         text = outcome.message.strip().rstrip(".")
-        raise Stop(FAILED, f"{fn_name} raised {outcome.type_name}: {text}{outcome.where}."
+        raise Stop(Status.FAILED, f"{fn_name} raised {outcome.type_name}: {text}{outcome.where}."
                             + (" " + hint if hint else ""))
     if isinstance(outcome, InPlace):
         name = spec.arg_names[outcome.position]
-        raise Stop(FAILED, f"{fn_name} changed its input `{name}` in place (look for "
+        raise Stop(Status.FAILED, f"{fn_name} changed its input `{name}` in place (look for "
                             f"`{name} *= ...`, `{name}[...] = ...`, `{name}.shape = ...` or "
                             f"`out={name}`). Compute new arrays: the caller still needs its "
                             "inputs.")
@@ -67,19 +62,19 @@ def unpack(spec: Spec, got: object, fn_name: str) -> tuple:
     n = len(spec.out_names)
     if spec.single:
         if got is None:
-            raise Stop(FAILED, f"{fn_name} returned None: a `return` missing?")
+            raise Stop(Status.FAILED, f"{fn_name} returned None: a `return` missing?")
         if isinstance(got, tuple):
-            raise Stop(FAILED, f"{fn_name} returned a tuple of {len(got)} value(s), expected "
-                                f"a single {spec.out_names[0]}.")
+            raise Stop(Status.FAILED, f"{fn_name} returned a tuple of {len(got)} value(s), "
+                                      f"expected a single {spec.out_names[0]}.")
         return (got,)
     if got is None:
-        raise Stop(FAILED, f"{fn_name} returned None: a `return` missing? Expected a tuple "
+        raise Stop(Status.FAILED, f"{fn_name} returned None: a `return` missing? Expected a tuple "
                             f"({', '.join(spec.out_names)}).")
     if not isinstance(got, tuple | list) or isinstance(got, Opaque):
-        raise Stop(FAILED, f"{fn_name} returned {_type_name(got)}, expected a tuple of "
+        raise Stop(Status.FAILED, f"{fn_name} returned {_type_name(got)}, expected a tuple of "
                             f"{n} values ({', '.join(spec.out_names)}).")
     if len(got) != n:
-        raise Stop(FAILED, f"{fn_name} returned {len(got)} values, expected {n} "
+        raise Stop(Status.FAILED, f"{fn_name} returned {len(got)} values, expected {n} "
                             f"({', '.join(spec.out_names)}).")
     return tuple(got)
 
@@ -114,7 +109,7 @@ def _dtype_message(name: str, got: np.dtype, exp: np.dtype, extra: str) -> str:
 def _validate_array(spec: Spec, name: str, g: object, e: np.ndarray, outs: tuple,
                     expected: tuple) -> None:
     if not isinstance(g, np.ndarray) or isinstance(g, np.matrix):
-        raise Stop(FAILED, f"{name} should be a NumPy array of shape {e.shape}, "
+        raise Stop(Status.FAILED, f"{name} should be a NumPy array of shape {e.shape}, "
                            f"got {_type_name(g)}.")
     if g.shape != e.shape:
         text = _shape_message(name, g, e, spec.shape_hints)
@@ -126,23 +121,24 @@ def _validate_array(spec: Spec, name: str, g: object, e: np.ndarray, outs: tuple
             text = (f"{name} has shape {g.shape}, expected {e.shape}; that is the shape "
                     f"of {swapped[0]}: are the outputs in the order "
                     f"({', '.join(spec.out_names)})?")
-        raise Stop(FAILED, text)
+        raise Stop(Status.FAILED, text)
     if g.dtype != e.dtype and not (e.dtype.kind in "iu" and g.dtype.kind in "iu"):
-        raise Stop(FAILED, _dtype_message(name, g.dtype, e.dtype, spec.dtype_hint))
+        raise Stop(Status.FAILED, _dtype_message(name, g.dtype, e.dtype, spec.dtype_hint))
 
 
 def validate(spec: Spec, outs: tuple, expected: tuple) -> None:
     """Type, shape and dtype of every output, strictly; raises Stop."""
     for name, kind, g, e in zip(spec.out_names, spec.kinds, outs, expected, strict=True):
         if g is None:
-            raise Stop(FAILED, f"{name} is None: a `return` missing?")
+            raise Stop(Status.FAILED, f"{name} is None: a `return` missing?")
         if kind == "array":
             _validate_array(spec, name, g, e, outs, expected)
         elif kind == "float":
             if isinstance(g, np.ndarray) and g.shape == () and g.dtype.kind in "iuf":
                 g = g[()]
             if isinstance(g, bool | np.bool_) or not isinstance(g, numbers.Real):
-                raise Stop(FAILED, f"{name} should be a number (a float), got {_type_name(g)}.")
+                raise Stop(Status.FAILED,
+                           f"{name} should be a number (a float), got {_type_name(g)}.")
         elif kind == "int":
             if isinstance(g, np.ndarray) and g.shape == () and g.dtype.kind in "iu":
                 g = g[()]
@@ -150,5 +146,5 @@ def validate(spec: Spec, outs: tuple, expected: tuple) -> None:
                 extra = ""
                 if isinstance(g, float | np.floating):
                     extra = " Use integer arithmetic (// rather than /) or int(...)."
-                raise Stop(FAILED, f"{name} should be an int, got {_type_name(g)} "
+                raise Stop(Status.FAILED, f"{name} should be an int, got {_type_name(g)} "
                                     f"({g!r}).{extra}")

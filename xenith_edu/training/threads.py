@@ -19,7 +19,7 @@ from functools import partial
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from .model import Config, loss_and_grads
+from ..model import Config, loss_and_grads
 
 # Shape legend: B batch (windows), S positions.
 

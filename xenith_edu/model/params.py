@@ -7,12 +7,11 @@ Shape legend: V vocab, d width, L layers, f SwiGLU hidden width.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-if TYPE_CHECKING:  # model.py imports this module; the annotation alone needs Config
-    from .model import Config
+from .config import Config
 
 
 class Param(NamedTuple):

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from .params import decays
+from ..model.params import decays
 
 # Shape legend: p, g, m, v all have the shape of one parameter (any shape); AdamW is elementwise.
 # Dicts of arrays are keyed by the parameter names of the model (wte, rms_attn, wq, ...).

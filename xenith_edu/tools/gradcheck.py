@@ -126,35 +126,3 @@ def check_gradient(
     err = rel_error(a, n, floor)  # (n,) in float64, whatever analytic's dtype
     w = int(np.argmax(err))
     return GradCheck(name, float(err[w]), idx[w], float(a[w]), float(n[w]), len(idx), tol)
-
-
-def check_model(
-    params: dict,
-    cfg,
-    x: np.ndarray,
-    y: np.ndarray,
-    n_coords: int = 8,
-    seed: int = 0,
-    h: float = H,
-    tol: float = 1e-6,
-) -> list[GradCheck]:
-    """The whole-model check: `n_coords` sampled coordinates of every parameter.
-
-    `params` must be float64. Returns one GradCheck per parameter, in the contract's order.
-    See the whole backward pass chapter.
-    """
-    from .model import forward, loss_and_grads, param_shapes
-    from .softmax_ce import softmax_cross_entropy
-
-    if any(p.dtype != np.float64 for p in params.values()):
-        raise TypeError("check_model needs float64 params: cast them with .astype(np.float64)")
-    rng = np.random.default_rng(seed)
-    _, grads = loss_and_grads(params, cfg, x, y)
-    results = []
-    for name in param_shapes(cfg):
-        def f(p, name=name):  # the loss alone: a forward pass
-            return softmax_cross_entropy(forward({**params, name: p}, cfg, x)[0], y)[0]
-
-        results.append(check_gradient(f, params[name], grads[name], name=name, h=h, tol=tol,
-                                      n_coords=n_coords, rng=rng))
-    return results

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from ..model import Config
+from ..tools.util import atomic_write, atomic_write_text
 from .checkpoint import Checkpoint, config_mismatch, load_checkpoint, save_checkpoint
 from .data import get_batch
-from .model import Config
-from .util import atomic_write, atomic_write_text
 
 # Shape legend: E evaluation windows, S positions (seq_len).
 

@@ -20,9 +20,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .model import Config, backward, forward, loss_and_grads
-from .params import PARAM
-from .util import one_line
+from ..model import Config, backward, forward, loss_and_grads
+from ..model.params import PARAM
+from ..tools.util import one_line
+from .step import TrainingDiverged, evaluate
 
 # Shape legend: B global batch, K ranks, S positions, E evaluation windows, L layers.
 
@@ -202,8 +203,6 @@ class DataParallel:
 
         Also checks that every rank holds the same parameters (a checksum of their bytes).
         """
-        from .train import evaluate
-
         self.last_progress = time.monotonic()
         sums = self.comm.allgather(_checksum(params))
         if len(set(sums)) > 1:
@@ -226,8 +225,6 @@ class DataParallel:
         a rank that sees no progress for `timeout` seconds does the same. `report(e)` prints
         the line and returns the exit status, `status(e)` only returns it.
         """
-        from .train import TrainingDiverged
-
         self.status = status
         watchdog = threading.Thread(target=self._watch, daemon=True)
         self.last_progress, self.running = time.monotonic(), True

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import CharTokenizer
-from .model import Config, param_shapes
-from .util import atomic_write  # also importable from here, as before the shared writer
+from ..model import CharTokenizer, Config, param_shapes
+from ..tools.util import atomic_write
 
 FORMAT = "xenith-edu checkpoint 1"
 GROUPS = ("params", "m", "v")  # parameters, AdamW first and second moments

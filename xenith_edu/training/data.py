@@ -1,82 +1,20 @@
-"""Character-level data: a tokenizer, the text file it reads, and random training windows.
+"""The training data: the text file, its ids through the run's tokenizer, random windows.
 
 The trainer's first step (the Training the model chapter): text -> ids -> (x, y) batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
+from ..model import CharTokenizer
+
 # Shape legend: B batch (sequences per step), S positions (seq_len), T tokens in a split.
 
-DEFAULT_TEXT = Path(__file__).resolve().parent / "data" / "shakespeare.txt"
+DEFAULT_TEXT = Path(__file__).resolve().parent.parent / "data" / "shakespeare.txt"
 TRAIN_FRACTION = 0.9  # the first 90% of the tokens train, the last 10% validate
-
-
-def _show(chars: Iterable[str], limit: int = 10) -> str:
-    """Characters as a readable list: 'é', '\\t' (repr shows invisible ones)."""
-    chars = list(chars)
-    shown = ", ".join(repr(c) for c in chars[:limit])
-    return shown + (f" and {len(chars) - limit} more" if len(chars) > limit else "")
-
-
-class CharTokenizer:
-    """One token per character: id i is the i-th character of the sorted vocabulary."""
-
-    def __init__(self, vocab: str) -> None:
-        if not isinstance(vocab, str):
-            raise TypeError(f"vocab must be a str of distinct characters, "
-                            f"got {type(vocab).__name__}")
-        if len(vocab) == 0:
-            raise ValueError("vocab is empty: build the tokenizer from a non-empty text")
-        if len(set(vocab)) != len(vocab):
-            raise ValueError("vocab has repeated characters: each character must appear once")
-        if list(vocab) != sorted(vocab):
-            raise ValueError("vocab must be sorted by code point, as from_text makes it")
-        self.vocab = vocab
-        # sorted code points: encode looks each character up with one binary search
-        self._codes = np.frombuffer(vocab.encode("utf-32-le"), dtype=np.uint32)  # (V,)
-
-    @classmethod
-    def from_text(cls, text: str) -> CharTokenizer:
-        """The tokenizer whose vocabulary is every distinct character of `text`."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return cls("".join(sorted(set(text))))
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    def encode(self, text: str) -> np.ndarray:
-        """Token ids (int64, shape (T,)) of `text`; a character outside the vocabulary raises."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
-        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # (T,)
-        ids = np.searchsorted(self._codes, codes)  # (T,) position in the sorted vocabulary
-        known = self._codes[np.minimum(ids, len(self._codes) - 1)] == codes
-        if not known.all():
-            bad = sorted({chr(c) for c in codes[~known]})
-            first = int(np.argmin(known))
-            raise ValueError(
-                f"text has {len(bad)} character(s) outside the vocabulary: {_show(bad)} "
-                f"(first at position {first}); use only characters the model was trained on"
-            )
-        return ids.astype(np.int64)
-
-    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
-        """The text of token ids (any iterable of ints in [0, vocab_size))."""
-        ids = np.asarray(ids)
-        V = len(self.vocab)
-        if ids.size and (ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= V):
-            raise ValueError(f"ids must be integers in [0, {len(self.vocab)})")
-        return "".join(self.vocab[i] for i in ids.ravel().tolist())
-
-    def __repr__(self) -> str:
-        return f"CharTokenizer(vocab_size={self.vocab_size})"
 
 
 def load_text(path: str | Path | None = None) -> str:

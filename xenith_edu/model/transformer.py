@@ -12,148 +12,40 @@ like the inputs); the command line and `load_checkpoint` check what they read. T
 functions (softmax_ce, swiglu, rmsnorm, attention, rope, embedding, linear) and the block
 functions below trust their inputs: they do the arithmetic and nothing else.
 
-Speed: the large arrays come from `xenith_edu.workspace`, which reuses them from one call to the
-next (no page faults, no process setting); benchmarks/README.md has the measured figures.
+Speed: the large arrays come from `xenith_edu.tools.workspace`, which reuses them from one call
+to the next (no page faults, no process setting); benchmarks/README.md has the measured figures.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-from .attention import AttentionCache, causal_attention_backward, causal_attention_forward
-from .embedding import EmbeddingCache, embedding_backward, embedding_forward
-from .flash_attention import FlashCache, flash_attention_backward, flash_attention_forward
-from .linear import LinearCache, linear_backward, linear_forward
-from .params import LAYER_PARAMS, init_params, param_shapes
-from .rmsnorm import RMSNormCache, rmsnorm_backward, rmsnorm_forward
-from .rope import RopeCache, rope_backward, rope_forward, rope_tables
-from .softmax_ce import softmax_cross_entropy
-from .swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
-from .workspace import empty, empty_like
+from ..attention import AttentionCache, causal_attention_backward, causal_attention_forward
+from ..embedding import EmbeddingCache, embedding_backward, embedding_forward
+from ..flash_attention import FlashCache, flash_attention_backward, flash_attention_forward
+from ..linear import LinearCache, linear_backward, linear_forward
+from ..rmsnorm import RMSNormCache, rmsnorm_backward, rmsnorm_forward
+from ..rope import RopeCache, rope_backward, rope_forward, rope_tables
+from ..softmax_ce import softmax_cross_entropy
+from ..swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
+from ..tools.workspace import empty, empty_like
+from .checks import check_params, check_targets, check_tokens
+from .config import Config
+from .params import LAYER_PARAMS, param_shapes
 
 __all__ = [
-    "AttentionBlockCache", "Config", "HeadCache", "LayerCache", "ModelCache", "SwiGLUBlockCache",
+    "AttentionBlockCache", "HeadCache", "LayerCache", "ModelCache", "SwiGLUBlockCache",
     "attention_block_backward", "attention_block_forward", "backward", "forward", "head_backward",
-    "head_forward", "init_params", "layer_backward", "layer_forward", "layer_params",
-    "loss_and_grads", "merge_heads", "param_shapes", "split_heads", "swiglu_block_backward",
-    "swiglu_block_forward",
+    "head_forward", "layer_backward", "layer_forward", "layer_params", "loss_and_grads",
+    "merge_heads", "split_heads", "swiglu_block_backward", "swiglu_block_forward",
 ]
 
 # Shape legend: B batch, S positions, N = B*S, d width, H heads, hd = d // H head width,
 # f SwiGLU hidden, V vocab, L layers. The residual stream h is kept flat as (N, d).
 
-
-def default_ffn_hidden(n_embd: int, multiple_of: int = 32) -> int:
-    """LLaMA's rule: 8*d/3 rounded up to a multiple of `multiple_of` (d = 128 gives 352)."""
-    return multiple_of * math.ceil(8 * n_embd / 3 / multiple_of)
-
-
-@dataclass(frozen=True)
-class Config:
-    """The model's sizes. See the book's page "The model at a glance"."""
-
-    vocab_size: int
-    n_embd: int
-    n_head: int
-    n_layer: int
-    ffn_hidden: int | None = None
-    seq_len: int = 64
-    tie_embeddings: bool = True
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    attention: str = "plain"  # "flash": blockwise, no (S, S) array (see the memory chapter)
-    flash_block: int = 64  # positions per block of the flash attention
-
-    def __post_init__(self) -> None:
-        if self.ffn_hidden is None:
-            object.__setattr__(self, "ffn_hidden", default_ffn_hidden(self.n_embd))
-        for name in ("vocab_size", "n_embd", "n_head", "n_layer", "ffn_hidden", "seq_len",
-                     "flash_block"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise TypeError(f"Config.{name} must be an int, got {type(value).__name__}")
-            if value <= 0:
-                raise ValueError(f"Config.{name} must be positive, got {value}")
-        if self.n_embd % self.n_head:
-            raise ValueError(
-                f"Config.n_embd ({self.n_embd}) must be divisible by Config.n_head ({self.n_head})"
-            )
-        if (self.n_embd // self.n_head) % 2:
-            raise ValueError(
-                f"Config.n_head: head width n_embd // n_head = {self.n_embd // self.n_head} "
-                "must be even for RoPE's pairs"
-            )
-        if not isinstance(self.tie_embeddings, (bool, np.bool_)):
-            raise TypeError("Config.tie_embeddings must be a bool")
-        if not self.rope_theta > 0:
-            raise ValueError(f"Config.rope_theta must be positive, got {self.rope_theta}")
-        if not self.norm_eps > 0:
-            raise ValueError(f"Config.norm_eps must be positive, got {self.norm_eps}")
-        if self.attention not in ("plain", "flash"):
-            raise ValueError(f"Config.attention must be 'plain' or 'flash', got {self.attention!r}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-# -- the boundary: the only place where inputs are checked ---------------------------------
-
-def _check_params(params: dict, cfg: Config) -> np.dtype:
-    if not isinstance(params, dict):
-        raise TypeError(f"params must be a dict of arrays, got {type(params).__name__}")
-    shapes = param_shapes(cfg)
-    missing = [k for k in shapes if k not in params]
-    if missing:
-        raise ValueError(f"params is missing keys {missing} for this config")
-    extra = [k for k in params if k not in shapes]
-    if extra:
-        raise ValueError(f"params has keys {extra} that this config does not use")
-    dtype = getattr(params["wte"], "dtype", None)
-    for k, shape in shapes.items():
-        p = params[k]
-        if not isinstance(p, np.ndarray):
-            raise TypeError(f"params['{k}'] must be a NumPy array, got {type(p).__name__}")
-        if p.shape != shape:
-            raise ValueError(f"params['{k}'] has shape {p.shape}, the config expects {shape}")
-        if p.dtype != dtype or dtype not in (np.float32, np.float64):
-            raise TypeError(f"params['{k}'] has dtype {p.dtype}; all must share one dtype, "
-                            "float32 or float64")
-    return dtype
-
-
-def _check_tokens(name: str, t: object, cfg: Config) -> np.ndarray:
-    if not isinstance(t, np.ndarray):
-        raise TypeError(f"{name} must be a NumPy integer array of shape (B, S)")
-    if t.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integer token ids, got dtype {t.dtype}")
-    if t.ndim != 2 or t.shape[0] < 1 or t.shape[1] < 1:
-        raise ValueError(f"{name} must have shape (B, S) with B, S >= 1, got {t.shape}")
-    if t.shape[1] > cfg.seq_len:
-        raise ValueError(
-            f"{name} has {t.shape[1]} positions, longer than Config.seq_len = {cfg.seq_len}"
-        )
-    lo, hi = int(t.min()), int(t.max())
-    if lo < 0 or hi >= cfg.vocab_size:
-        raise ValueError(f"{name} has token ids in [{lo}, {hi}], outside [0, {cfg.vocab_size})")
-    return t
-
-
-def _check_targets(y: object, x: np.ndarray, cfg: Config) -> np.ndarray:
-    if isinstance(y, np.ndarray) and y.shape != x.shape:
-        raise ValueError(f"y has shape {y.shape}, but the inputs x have shape {x.shape}")
-    return _check_tokens("y", y, cfg)
-
-
-# -- heads: the stream's rows regrouped by sequence, head and position ----------------------
 
 def split_heads(u: np.ndarray, B: int, S: int, H: int) -> np.ndarray:
     """(N, H*hd) -> (B, H, S, hd): the columns of head j are j*hd:(j+1)*hd. A view."""
@@ -381,8 +273,8 @@ def forward(
     With `recompute=True` the cache keeps only each layer's input (see `ModelCache`). See the
     whole backward pass chapter.
     """
-    dtype = _check_params(params, cfg)
-    x = _check_tokens("x", x, cfg)
+    dtype = check_params(params, cfg)
+    x = check_tokens("x", x, cfg)
     B, S = x.shape
     cos, sin = rope_tables(S, cfg.head_dim, cfg.rope_theta)  # (S, hd/2)
     # repeated for the 2H heads of q and k, side by side in a row (see attention_block_forward)
@@ -416,7 +308,7 @@ def backward(
     if not isinstance(cache, ModelCache):
         raise TypeError(f"cache must be the ModelCache that forward returned, "
                         f"got {type(cache).__name__}")
-    y = _check_targets(y, cache.x, cfg)
+    y = check_targets(y, cache.x, cfg)
     B, S = y.shape
 
     # loss = mean -log softmax(logits)[y]
@@ -453,6 +345,6 @@ def loss_and_grads(
     layer during the backward pass: less memory, one more forward pass, the same gradients.
     """
     if isinstance(x, np.ndarray):
-        _check_targets(y, x, cfg)  # before the forward pass, so a bad y costs nothing
+        check_targets(y, x, cfg)  # before the forward pass, so a bad y costs nothing
     _, cache = forward(params, cfg, x, recompute=recompute)
     return backward(params, cfg, cache, y)

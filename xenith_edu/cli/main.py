@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..tools.util import one_line
 from . import settings
-from .util import one_line
 
 PROG = "xenith-edu"
 
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from .train import PRESETS
+    from ..training import PRESETS
 
     p = sub.add_parser("train", help="train a character-level model on a text file",
                        description="Train a model. By default: the book recipe (4 layers, "
@@ -167,9 +167,9 @@ def _default_prompt(vocab: str) -> str:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .perf import keep_freed_memory
-    from .sample import sample_text
-    from .train import train
+    from ..model.generate import sample_text
+    from ..tools.perf import keep_freed_memory
+    from ..training import train
 
     keep_freed_memory()  # no page faults on the step's arrays (see xenith_edu/perf.py)
     ranks = _ranks(args.overlap, args.mpi_timeout)
@@ -197,7 +197,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _ranks(overlap: bool, timeout: float):
     """The data-parallel ranks when an MPI launcher started us, else None (one process)."""
-    from . import parallel
+    from ..training import parallel
 
     if parallel.launched_by_mpi():
         return parallel.DataParallel.from_world(overlap, timeout)
@@ -211,9 +211,9 @@ def _ranks(overlap: bool, timeout: float):
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
-    from .checkpoint import load_checkpoint
-    from .data import CharTokenizer
-    from .sample import sample_text
+    from ..model import CharTokenizer
+    from ..model.generate import sample_text
+    from ..training.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(args.checkpoint)
     prompt = _default_prompt(ckpt.vocab) if args.prompt is None else args.prompt
@@ -225,9 +225,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
 
 def _cmd_gradcheck(args: argparse.Namespace) -> int:
-    from .gradcheck import check_model
-    from .model import Config
-    from .params import random_params
+    from ..model import Config, check_model
+    from ..model.params import random_params
 
     # a tiny model, so finite differences are quick: 2 layers, 2 heads of width 8
     cfg = Config(vocab_size=13, n_embd=16, n_head=2, n_layer=2, ffn_hidden=24, seq_len=6,
@@ -254,7 +253,7 @@ def _cmd_gradcheck(args: argparse.Namespace) -> int:
 
 
 def _cmd_student(args: argparse.Namespace) -> int:
-    from . import classroom  # written separately; imported only when asked for
+    from .. import classroom  # written separately; imported only when asked for
 
     written = classroom.make_student_versions(Path(args.src), Path(args.out)) or []
     print(f"wrote {len(written)} student notebook(s) into {args.out}")
@@ -262,7 +261,7 @@ def _cmd_student(args: argparse.Namespace) -> int:
 
 
 def _cmd_grade(args: argparse.Namespace) -> int:
-    from . import classroom  # written separately; imported only when asked for
+    from .. import classroom  # written separately; imported only when asked for
 
     given = {"instructor": args.instructor, "jobs": args.jobs, "resume": args.resume or None,
              "memory": None if args.memory is None else int(args.memory * 2**30)}
@@ -293,8 +292,8 @@ def _report(command: str, e: BaseException) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line on `argv` (default sys.argv[1:]); return the exit status."""
-    from .parallel import Stopped, launcher_rank
-    from .train import TrainingDiverged
+    from ..training import TrainingDiverged
+    from ..training.parallel import Stopped, launcher_rank
 
     parser = build_parser()
     try:

@@ -12,11 +12,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .data import CharTokenizer
-from .model import Config, _check_params, _check_tokens, forward
-from .rmsnorm import rmsnorm_forward
-from .rope import rope_forward, rope_tables
-from .swiglu import silu
+from ..rmsnorm import rmsnorm_forward
+from ..rope import rope_forward, rope_tables
+from ..swiglu import silu
+from .checks import check_params, check_tokens
+from .config import Config
+from .tokenizer import CharTokenizer
+from .transformer import forward
 
 # Shape legend: T new positions fed at once (the prompt, then 1), P = pos + T positions seen,
 # d width, H heads, hd head width, f SwiGLU hidden, V vocab, L layers, C = seq_len.
@@ -138,8 +140,8 @@ def generate(
             p = next_token_probs(logits[0, -1], temperature, top_k)  # (V,)
             ids.append(int(rng.choice(cfg.vocab_size, p=p)))
         return np.array(ids, dtype=np.int64)
-    _check_params(params, cfg)  # what forward checks, since the cached path does not call it
-    _check_tokens("prompt_ids", np.array(ids[-cfg.seq_len:], dtype=np.int64)[None, :], cfg)
+    check_params(params, cfg)  # what forward checks, since the cached path does not call it
+    check_tokens("prompt_ids", np.array(ids[-cfg.seq_len:], dtype=np.int64)[None, :], cfg)
     w = _prepare(params, cfg)
     shape = (cfg.n_layer, cfg.n_head, cfg.seq_len, cfg.head_dim)  # (L, H, C, hd)
     kv = KVCache(np.empty(shape, params["wte"].dtype), np.empty(shape, params["wte"].dtype))

@@ -1,0 +1,67 @@
+"""The model's sizes: `Config`, with LLaMA's rule for the SwiGLU hidden width.
+The lowest floor of `xenith_edu.model`: the parameter table and the model read it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+def default_ffn_hidden(n_embd: int, multiple_of: int = 32) -> int:
+    """LLaMA's rule: 8*d/3 rounded up to a multiple of `multiple_of` (d = 128 gives 352)."""
+    return multiple_of * math.ceil(8 * n_embd / 3 / multiple_of)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The model's sizes. See the book's page "The model at a glance"."""
+
+    vocab_size: int
+    n_embd: int
+    n_head: int
+    n_layer: int
+    ffn_hidden: int | None = None
+    seq_len: int = 64
+    tie_embeddings: bool = True
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    attention: str = "plain"  # "flash": blockwise, no (S, S) array (see the memory chapter)
+    flash_block: int = 64  # positions per block of the flash attention
+
+    def __post_init__(self) -> None:
+        if self.ffn_hidden is None:
+            object.__setattr__(self, "ffn_hidden", default_ffn_hidden(self.n_embd))
+        for name in ("vocab_size", "n_embd", "n_head", "n_layer", "ffn_hidden", "seq_len",
+                     "flash_block"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"Config.{name} must be an int, got {type(value).__name__}")
+            if value <= 0:
+                raise ValueError(f"Config.{name} must be positive, got {value}")
+        if self.n_embd % self.n_head:
+            raise ValueError(
+                f"Config.n_embd ({self.n_embd}) must be divisible by Config.n_head ({self.n_head})"
+            )
+        if (self.n_embd // self.n_head) % 2:
+            raise ValueError(
+                f"Config.n_head: head width n_embd // n_head = {self.n_embd // self.n_head} "
+                "must be even for RoPE's pairs"
+            )
+        if not isinstance(self.tie_embeddings, (bool, np.bool_)):
+            raise TypeError("Config.tie_embeddings must be a bool")
+        if not self.rope_theta > 0:
+            raise ValueError(f"Config.rope_theta must be positive, got {self.rope_theta}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"Config.norm_eps must be positive, got {self.norm_eps}")
+        if self.attention not in ("plain", "flash"):
+            raise ValueError(f"Config.attention must be 'plain' or 'flash', got {self.attention!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def to_dict(self) -> dict:
+        return asdict(self)
