@@ -15,11 +15,11 @@ _M_MMAP_THRESHOLD = -3
 def keep_freed_memory() -> bool:
     """Let glibc keep freed blocks for reuse instead of returning them to the system.
 
-    A training step allocates and frees dozens of arrays of 0.1 to 2 MB. By default glibc
-    maps each with mmap and unmaps it when freed, so the next step pays a page fault for
-    every 4 KiB page it touches again (measured: about 14,000 faults and a third of the
-    step's time on the book config). Keeping the memory in the heap removes them, as the
-    caching allocators of deep-learning frameworks do. Returns False where this is not glibc.
+    A training step allocates and frees many arrays of a megabyte or so; where the workspace
+    (`xenith_edu.tools.workspace`) does not reuse them, glibc would map each with mmap and unmap
+    it when freed, so the next step pays a page fault per page it touches again. Keeping the
+    memory in the heap avoids that, as the caching allocators of deep-learning frameworks do
+    (benchmarks/README.md has the measured effect). Returns False where this is not glibc.
     """
     if not sys.platform.startswith("linux"):
         return False
