@@ -51,7 +51,6 @@ def test_the_catalogue_is_large_and_broad():
     assert len({e[0] for e in HELDOUT}) >= 5
 
 
-@pytest.mark.xfail(reason="the fitting diagnosis is not in yet", strict=True)
 def test_the_diagnosis_names_most_heldout_mistakes():
     hits = [named(e)[0] for e in HELDOUT]
     rate = sum(hits) / len(hits)

@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from .engine import check
+from .fit import Term
 from .kit import OVERFLOW, amax, fmt, int_sampler, randn, softmax64
 from .types import Case, CheckResult, Mistake, Spec
 
@@ -98,6 +99,29 @@ def _attention_mistakes(args: tuple, exp: dict) -> list[Mistake]:
     ]
 
 
+def _attention_terms(args: tuple) -> dict[str, list[Term]]:
+    """dq, dk from the softmax's two terms, P * dP and -P * rowsum(P * dP), and dv = P^T @ dout."""
+    dout, q, k, v = args
+    P = causal_probs(q, k)  # (B, H, S, S)
+    sc = 1.0 / math.sqrt(q.shape[-1])
+    dP = dout @ np.swapaxes(v, -1, -2)  # (B, H, S, S)
+    rows = P * np.sum(P * dP, axis=-1, keepdims=True)  # (B, H, S, S)
+    cols = P * np.sum(P * dP, axis=-2, keepdims=True)  # the sum over the queries instead
+    A, T = P * dP, np.swapaxes  # (B, H, S, S)
+    axis = "its row sum runs over the queries (axis=-2), not over each row's keys (axis=-1)"
+    flip = "the score gradient is transposed"
+    return {
+        "dq": [Term("(P * dP) @ k / sqrt(hd)", A @ k * sc, slips=((flip, T(A, -1, -2) @ k * sc),)),
+               Term("-(P * rowsum(P * dP)) @ k / sqrt(hd)", -rows @ k * sc,
+                    slips=((flip, -T(rows, -1, -2) @ k * sc), (axis, -cols @ k * sc)))],
+        "dk": [Term("(P * dP)^T @ q / sqrt(hd)", T(A, -1, -2) @ q * sc,
+                    slips=((flip, A @ q * sc),)),
+               Term("-(P * rowsum(P * dP))^T @ q / sqrt(hd)", -T(rows, -1, -2) @ q * sc,
+                    slips=((flip, -rows @ q * sc), (axis, -T(cols, -1, -2) @ q * sc)))],
+        "dv": [Term("P^T @ dout", T(P, -1, -2) @ dout, slips=(("P is not transposed", P @ dout),))],
+    }
+
+
 def _attention_probes(rng: np.random.Generator) -> list[Case]:
     """A gradient at query 0 only: every key and value after position 0 must get exactly 0."""
     q, k, v = (randn(rng, (1, 2, 5, 4)) for _ in range(3))  # (B, H, S, hd)
@@ -135,6 +159,7 @@ ATTENTION = Spec(
     seed=404,
     summary="float64 and float32, S = 1 to 7, square S = hd, scores up to ~1.5e3",
     mistakes=_attention_mistakes,
+    terms=_attention_terms,
     probes=_attention_probes,
     probe_hint=_attention_probe_hint,
     factors=lambda a: {f"sqrt(hd) = {fmt(math.sqrt(a[1].shape[-1]))}":

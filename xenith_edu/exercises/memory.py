@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .engine import check
+from .fit import Term, term
 from .kit import OVERFLOW, amax, int_sampler, randn
 from .types import Case, CheckResult, Mistake, Spec
 
@@ -114,6 +115,25 @@ def _merge_mistakes(args: tuple, exp: dict) -> list[Mistake]:
     ]
 
 
+def _merge_terms(args: tuple) -> dict[str, list[Term]]:
+    """m = max(m1, m2), l = sum of l_k exp(m_k - m), o = sum of l_k exp(m_k - m) o_k / l."""
+    m1, l1, o1, m2, l2, o2 = args
+    m, l, _ = merge_reference(m1, l1, o1, m2, l2, o2)
+    e1, e2 = np.exp(m1 - m), np.exp(m2 - m)  # (R,)
+
+    def col(a: np.ndarray) -> np.ndarray:
+        return a[:, None]  # (R, 1): one number per row, along the features of o
+
+    def weighted(k: int, lk, ek, ok) -> Term:
+        return term(f"l{k} * exp(m{k} - m) * o{k} / l", (f"l{k}", col(lk)),
+                    (f"exp(m{k} - m)", col(ek)), (f"o{k}", ok), ("1 / l", col(1.0 / l)))
+
+    return {"m": [Term("max(m1, m2)", m)],
+            "l": [term("l1 * exp(m1 - m)", ("l1", l1), ("exp(m1 - m)", e1)),
+                  term("l2 * exp(m2 - m)", ("l2", l2), ("exp(m2 - m)", e2))],
+            "o": [weighted(1, l1, e1, o1), weighted(2, l2, e2, o2)]}
+
+
 def _merge_floor(args: tuple) -> dict[str, float]:
     m1, l1, o1, m2, l2, o2 = args
     finite = [abs(float(x)) for x in np.concatenate((m1, m2)) if np.isfinite(x)]
@@ -131,6 +151,7 @@ MERGE = Spec(
     seed=1201,
     summary="float64 and float32, maxima above 700, a shared max, a fully masked block",
     mistakes=_merge_mistakes,
+    terms=_merge_terms,
     floor=_merge_floor,
 )
 
@@ -192,6 +213,7 @@ ROWSUM = Spec(
     summary="float64 and float32, S = 1 to 7, outputs of real causal attention",
     single=True,
     mistakes=_rowsum_mistakes,
+    terms=lambda a: {"D": [Term("sum(dout * out, axis=-1)", np.sum(a[0] * a[1], axis=-1))]},
     factors=lambda a: {f"hd = {a[0].shape[-1]}": float(a[0].shape[-1])},
     shape_hints={"D": "D has one number per row (query): shape (B, H, S), the sum over the "
                       "last axis, hd, without keepdims."},

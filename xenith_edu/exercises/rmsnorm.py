@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .engine import check
+from .fit import Term, term
 from .kit import amax, int_sampler, log_uniform, randn, rms_parts
 from .types import Case, CheckResult, Mistake, Spec
 
@@ -96,6 +97,28 @@ def _rmsnorm_mistakes(args: tuple, exp: dict) -> list[Mistake]:
     return table
 
 
+def _rmsnorm_terms(args: tuple) -> dict[str, list[Term]]:
+    """dx = rstd * dy * w - rstd * xhat * mean(g * xhat), dw = sum(dy * xhat, axis=0)."""
+    dy, x, w, eps = args
+    N, d = x.shape
+    xhat, rstd = rms_parts(x, eps)  # (N, d), (N, 1)
+    g = dy * w  # (N, d)
+    proj = np.mean(g * xhat, axis=-1, keepdims=True)  # (N, 1)
+    flat = np.mean(g * xhat, axis=-1)  # (N,) without keepdims: it broadcasts only if N == d
+    axis0 = ("its mean runs over the positions (axis=0), not over each row's features "
+             "(axis=-1)", -rstd * xhat * np.mean(g * xhat, axis=0, keepdims=True))
+    flat_slip = ("keepdims=True is missing in its mean over axis=-1, so the row means spread "
+                 "along the features", -rstd * xhat * flat if N == d else None)
+    dw_slips = (("it sums over the features (axis=1), not over the positions (axis=0)",
+                 np.sum(dy * xhat, axis=1) if N == d else None),)
+    return {
+        "dx": [term("rstd * dy * w", ("rstd", rstd), ("dy", dy), ("w", w)),
+               term("-rstd * xhat * mean(g * xhat)", ("rstd", rstd), ("xhat", xhat),
+                    ("mean(g * xhat)", proj), sign=-1.0, slips=(axis0, flat_slip))],
+        "dw": [Term("sum(dy * xhat, axis=0)", np.sum(dy * xhat, axis=0), slips=dw_slips)],
+    }
+
+
 RMSNORM = Spec(
     id="rmsnorm_backward",
     reference_name="xenith_edu.rmsnorm.rmsnorm_backward",
@@ -108,6 +131,7 @@ RMSNORM = Spec(
     summary="float64 and float32, N = 1 to 6, a square and a random shape, small inputs "
             "where eps matters",
     mistakes=_rmsnorm_mistakes,
+    terms=_rmsnorm_terms,
     factors=lambda a: {f"N = {a[1].shape[0]}": float(a[1].shape[0]),
                        f"d = {a[1].shape[1]}": float(a[1].shape[1])},
     floor=lambda a: {"dx": amax(a[0], a[2]) / np.sqrt(np.mean(a[1] ** 2) + a[3]),

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .engine import check
+from .fit import Term
 from .kit import amax, int_sampler, log_uniform, randn
 from .types import Case, CheckResult, Mistake, Spec
 
@@ -64,6 +65,11 @@ def halves(u: np.ndarray, c: np.ndarray, s: np.ndarray) -> np.ndarray:
     return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
 
 
+def _swap_pairs(du: np.ndarray) -> np.ndarray:
+    """The index that swaps the two elements of every pair: 1, 0, 3, 2, ..."""
+    return np.arange(du.shape[-1]).reshape(-1, 2)[:, ::-1].reshape(-1)
+
+
 def _rope_mistakes(args: tuple, exp: dict) -> list[Mistake]:
     du, cos, sin = args
     return [
@@ -75,10 +81,41 @@ def _rope_mistakes(args: tuple, exp: dict) -> list[Mistake]:
         ("cos and sin are swapped.", lambda: {"du_in": pairs(du, sin, -cos)}),
         ("the pairs are (u[i], u[i + hd/2]) (the rotate-half convention); this book pairs "
          "neighbours (u[2i], u[2i+1]).", lambda: {"du_in": halves(du, cos, -sin)}),
+        ("the pairs are shifted by one: u[2i+1] is taken as a pair's first element and u[2i] "
+         "as its second; a pair is (u[2i], u[2i+1]), the even index first.",
+         lambda: {"du_in": pairs(du[..., _swap_pairs(du)], cos, -sin)}),
+        ("the pairs are shifted by one: they start at u[1], (u[2i+1], u[2i+2]); a pair is "
+         "(u[2i], u[2i+1]), starting at u[0].", lambda: {"du_in": _shifted(du, cos, sin)}),
         ("the pairs are (u[i], u[i + hd/2]) and rotated the wrong way; this book pairs "
          "neighbours (u[2i], u[2i+1]) and the backward rotates by -angle.",
          lambda: {"du_in": halves(du, cos, sin)}),
     ]
+
+
+def _slots(du: np.ndarray, even: np.ndarray | None = None,
+           odd: np.ndarray | None = None) -> np.ndarray:
+    """An array like du holding `even` at the slots 2i and `odd` at 2i+1 (zeros elsewhere)."""
+    out = np.zeros_like(du)  # (..., S, hd)
+    if even is not None:
+        out[..., 0::2] = even
+    if odd is not None:
+        out[..., 1::2] = odd
+    return out
+
+
+def _rope_terms(args: tuple) -> dict[str, list[Term]]:
+    """du_in[2i] = du[2i] cos + du[2i+1] sin, du_in[2i+1] = -du[2i] sin + du[2i+1] cos."""
+    du, cos, sin = args
+    a, b = du[..., 0::2], du[..., 1::2]  # (..., S, hd/2) the pairs' first and second
+    return {"du_in": [Term("du[2i] * cos (at 2i)", _slots(du, even=a * cos)),
+                      Term("du[2i+1] * sin (at 2i)", _slots(du, even=b * sin)),
+                      Term("-du[2i] * sin (at 2i+1)", _slots(du, odd=-a * sin)),
+                      Term("du[2i+1] * cos (at 2i+1)", _slots(du, odd=b * cos))]}
+
+
+def _shifted(du: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """The backward with pairs that start one element later: (u[2i+1], u[2i+2]), wrapping."""
+    return np.roll(pairs(np.roll(du, -1, axis=-1), cos, -sin), 1, axis=-1)
 
 
 ROPE = Spec(
@@ -93,6 +130,7 @@ ROPE = Spec(
     summary="float64 and float32, 2-D to 4-D, S = 1 to 64",
     single=True,
     mistakes=_rope_mistakes,
+    terms=_rope_terms,
     floor=lambda a: {"du_in": amax(a[0])},
     dtype_hint="The tables are float64: cast them to du's dtype (cos.astype(du.dtype)).",
 )

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .engine import check
+from .fit import Term, term
 from .kit import OVERFLOW, int_sampler, randn, softmax64
 from .types import Case, CheckResult, Mistake, Spec
 
@@ -94,6 +95,20 @@ def _no_keepdims(logits: np.ndarray, targets: np.ndarray) -> dict:
     return {"loss": float(-np.mean(np.log(p[np.arange(N), targets]))), "dlogits": d / N}
 
 
+def _ce_terms(args: tuple) -> dict[str, list[Term]]:
+    """loss = -mean(log softmax(logits)[target]), dlogits = softmax / N - onehot / N."""
+    logits, targets = args
+    N, V = logits.shape
+    p = softmax64(logits)  # (N, V)
+    onehot = np.eye(V)[targets]  # (N, V)
+    loss = -float(np.mean(np.log(np.maximum(p[np.arange(N), targets], 1e-300))))
+    axis0 = (("its softmax is normalised over the positions (axis=0): each row (axis=-1) must "
+              "sum to 1", softmax64(logits, axis=0) / N),)
+    return {"loss": [Term("-mean(log softmax(logits)[target])", np.asarray(loss))],
+            "dlogits": [term("softmax / N", ("softmax", p), ("1 / N", 1.0 / N), slips=axis0),
+                        term("-onehot / N", ("onehot", onehot), ("1 / N", 1.0 / N), sign=-1.0)]}
+
+
 def _ce_floor(args: tuple) -> dict[str, float]:
     logits = args[0]
     return {"loss": 1.0 + float(np.max(np.abs(logits))), "dlogits": 1.0 / logits.shape[0]}
@@ -110,7 +125,9 @@ CE = Spec(
     seed=101,
     summary="float64 and float32, N = 1 to 10, repeated targets, logits around 800",
     mistakes=_ce_mistakes,
-    factors=lambda a: {f"N = {a[0].shape[0]}": float(a[0].shape[0])},
+    terms=_ce_terms,
+    factors=lambda a: {f"N = {a[0].shape[0]}": float(a[0].shape[0]),
+                       f"V = {a[0].shape[1]}": float(a[0].shape[1])},
     floor=_ce_floor,
 )
 

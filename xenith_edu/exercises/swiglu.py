@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .engine import check
+from .fit import Term
 from .kit import amax, int_sampler, randn, sigmoid64
 from .types import Case, CheckResult, Mistake, Spec
 
@@ -84,6 +85,19 @@ def _swiglu_mistakes(args: tuple, exp: dict) -> list[Mistake]:
     ]
 
 
+def _swiglu_terms(args: tuple) -> dict[str, list[Term]]:
+    """dx = dh1 @ w1.T + dh3 @ w3.T; dw1 = x.T @ dh1, dw3 = x.T @ dh3, dw2 = a.T @ dout."""
+    dout, x, w1, w3, w2 = args
+    h1, h3 = x @ w1, x @ w3  # (N, f)
+    s = sigmoid64(h1)
+    dha = dout @ w2.T  # (N, f)
+    dh1 = dha * h3 * s * (1 + h1 * (1 - s))  # (N, f) through silu
+    dh3 = dha * h1 * s  # (N, f)
+    return {"dx": [Term("dh1 @ w1.T", dh1 @ w1.T), Term("dh3 @ w3.T", dh3 @ w3.T)],
+            "dw1": [Term("x.T @ dh1", x.T @ dh1)], "dw3": [Term("x.T @ dh3", x.T @ dh3)],
+            "dw2": [Term("(silu(h1) * h3).T @ dout", (h1 * s * h3).T @ dout)]}
+
+
 def block_floor(args: tuple) -> dict[str, float]:
     """The size of the terms of each gradient of a gated block (dout, x, w1, w3, w2)."""
     dout, x, w1, w3, w2 = args
@@ -102,6 +116,7 @@ SWIGLU = Spec(
     seed=202,
     summary="float64 and float32, N = 1 to 6, a square and a random shape",
     mistakes=_swiglu_mistakes,
+    terms=_swiglu_terms,
     factors=lambda a: {f"N = {a[1].shape[0]}": float(a[1].shape[0])},
     floor=block_floor,
 )
@@ -138,6 +153,15 @@ def _silu_grad_cases(rng: np.random.Generator) -> list[Case]:
     ]
 
 
+def _silu_terms(args: tuple) -> dict[str, list[Term]]:
+    """silu'(z) = sigmoid(z) + z * sigmoid(z) * (1 - sigmoid(z))."""
+    z = args[0]
+    s = sigmoid64(z)
+    return {"dz": [Term("sigmoid(z)", s),
+                   Term("z * sigmoid(z) * (1 - sigmoid(z))", z * s * (1 - s),
+                        (("z", z), ("sigmoid(z)", s), ("1 - sigmoid(z)", 1 - s)))]}
+
+
 def _silu_grad_mistakes(args: tuple, exp: dict) -> list[Mistake]:
     z = args[0]
     s = sigmoid64(z)
@@ -164,6 +188,7 @@ SILU = Spec(
     summary="float64 and float32, 1-D to 3-D, |z| up to 800",
     single=True,
     mistakes=_silu_grad_mistakes,
+    terms=_silu_terms,
     floor=lambda args: {"dz": 1.0},
 )
 

@@ -83,6 +83,10 @@ class Spec:
     dtype_hint: str = ""
     tol: float | None = None  # overrides TOLERANCE (scalar checks)
     per_layer: tuple[str, ...] = ()  # outputs whose first axis is the layer: say which are wrong
+    # (args in float64) -> per output, its additive terms (fit.Term): a wrong answer is fitted
+    # as the same sum with a term missing, a sign, a scale or a slip, so unseen mistakes get a name
+    terms: Callable[[tuple], dict[str, list]] | None = None
+    hints: tuple[str, ...] = ()  # the rule, the line, the formula: given one at a time
 
     @property
     def chapter(self) -> str:
