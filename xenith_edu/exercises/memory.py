@@ -238,14 +238,24 @@ def max_context_reference(budget, n_layer, batch, n_head, head_dim, itemsize) ->
     return (int(budget) // per_position,)
 
 
+def _budget_sizes(rng: np.random.Generator) -> tuple[int, int, int, int, int]:
+    """(L, B, H, hd, itemsize) such that no two mistakes give the same answer: the factors a
+    mistake leaves out (2, L, B, H, itemsize) all differ, and H (counted twice) is not 8 (bits).
+    With itemsize = 2, a missing itemsize and missing values would give the same number."""
+    ints = int_sampler(rng)
+    while True:
+        L, B, H = ints(3, 12), ints(3, 7), ints(3, 16)
+        hd, itemsize = int(rng.choice([16, 32, 64, 128])), int(rng.choice([4, 8]))
+        if len({2, L, B, H, itemsize}) == 5 and H != 8:
+            return L, B, H, hd, itemsize
+
+
 def _budget_cases(rng: np.random.Generator) -> list[Case]:
     ints = int_sampler(rng)
 
     cases = []
     for what in ("", "", "exact", "small"):
-        L, B, H = ints(2, 12), ints(2, 8), ints(2, 16)
-        hd = int(rng.choice([16, 32, 64, 128]))
-        itemsize = int(rng.choice([2, 4]))
+        L, B, H, hd, itemsize = _budget_sizes(rng)
         per = 2 * L * B * H * hd * itemsize
         if what == "exact":  # the budget is an exact multiple: the last position just fits
             budget, label = per * ints(100, 4000), "a budget that fits a whole number of positions"
