@@ -36,6 +36,7 @@ from .embedding import (
     check_tied_wte_grad,
 )
 from .engine import GRADE_LOG_ENV, check, judge
+from .hints import forget_hints, hint
 from .memory import (
     check_kv_cache_budget,
     check_softmax_merge,
@@ -102,7 +103,7 @@ _collect()
 
 __all__ = [
     "CHECKS", "SPECS", "GRADE_LOG_ENV", "Case", "CheckResult", "InPlace", "NotCallable", "Opaque",
-    "Raised", "Spec", "Status", "check", "judge", "run",
+    "Raised", "Spec", "Status", "check", "forget_hints", "hint", "judge", "run",
     "check_rules_block",
     "check_softmax_cross_entropy",
     "check_label_smoothing",

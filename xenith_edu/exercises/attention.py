@@ -160,6 +160,13 @@ ATTENTION = Spec(
     summary="float64 and float32, S = 1 to 7, square S = hd, scores up to ~1.5e3",
     mistakes=_attention_mistakes,
     terms=_attention_terms,
+    hints=("out = P @ v with P = softmax(q k^T / sqrt(hd) + mask): a matmul's backward is two "
+           "matmuls with a transpose, and the softmax's backward is P * (dP - rowsum(P * dP)).",
+           "dv = P^T @ dout and dP = dout @ v^T; dscores = P * (dP - sum(P * dP, axis=-1, "
+           "keepdims=True)); then dq = dscores @ k and dk = dscores^T @ q, each divided by "
+           "sqrt(hd). The masked P is zero above the diagonal, so no gradient crosses the mask.",
+           "dq = (P * dP) @ k / sqrt(hd) - (P * rowsum(P * dP)) @ k / sqrt(hd); dk = the same with "
+           "the score gradient transposed and q; dv = P^T @ dout"),
     probes=_attention_probes,
     probe_hint=_attention_probe_hint,
     factors=lambda a: {f"sqrt(hd) = {fmt(math.sqrt(a[1].shape[-1]))}":

@@ -11,11 +11,12 @@ import math
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .fit import explain, keepdims_slip
+from .hints import steps
 from .kit import fmt, fmt_pair
 from .outcomes import NotCallable, run
 from .types import Case, CheckResult, Spec, Status
@@ -375,7 +376,7 @@ def check(spec: Spec, fn: object, rng: np.random.Generator | None = None) -> Che
         calls = [(inputs[0], run(fn, ()))]
     else:
         calls = [(case, run(fn, case.args)) for case in inputs]
-    result = judge(spec, calls, _fn_name(fn))
+    result = replace(judge(spec, calls, _fn_name(fn)), hints=steps(spec))
     print(result.message)
     log(result)
     return result

@@ -285,6 +285,8 @@ def say(name: str, terms: list[Term], fit: Fit, factors: list[tuple[str, float]]
     elif form.kind == "slip_all":
         lines.append(f"in {name}, every term: {form.key}")
     changed = [(t, c) for t, c in zip(terms, fit.coefs, strict=True) if c != ONE]
+    if form.kind == "" and all(c == ZERO for c in fit.coefs):
+        return f"{name} is all zeros: nothing was written or accumulated into it."
     if len(terms) > 1 and len(changed) == len(terms) and len(set(fit.coefs)) == 1:
         lines.append(f"{name} as a whole {_phrase(fit.coefs[0], factors)}")
     elif len(terms) == 1 and changed:
@@ -292,18 +294,6 @@ def say(name: str, terms: list[Term], fit: Fit, factors: list[tuple[str, float]]
     else:
         lines += [f"in {name}, the term {t.name} {_phrase(c, factors)}" for t, c in changed]
     return "; ".join(lines) + "."
-
-
-def formula(name: str, terms: list[Term]) -> str:
-    """`name = t1 + t2 - t3`, the output as the sum of its terms."""
-    out = ""
-    for t in terms:
-        text = t.name
-        if out:
-            out += f" - {text[1:].strip()}" if text.startswith("-") else f" + {text}"
-        else:
-            out = text
-    return f"{name} = {out}"
 
 
 # ----------------------------------------------------------------------------------------------

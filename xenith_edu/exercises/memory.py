@@ -152,6 +152,13 @@ MERGE = Spec(
     summary="float64 and float32, maxima above 700, a shared max, a fully masked block",
     mistakes=_merge_mistakes,
     terms=_merge_terms,
+    hints=("Each block's l and o were computed against its own max m_k; against the new max m = "
+           "max(m1, m2), a sum of exponentials scales by exp(m_k - m), and an average is "
+           "re-weighted by how much of the softmax each block holds.",
+           "m = max(m1, m2); w_k = l_k * exp(m_k - m); l = w1 + w2; o = (w1 * o1 + w2 * o2) / l, "
+           "with w_k[:, None] along the features of o.",
+           "m = max(m1, m2); l = l1 exp(m1 - m) + l2 exp(m2 - m); o = (l1 exp(m1 - m) o1 + l2 "
+           "exp(m2 - m) o2) / l"),
     floor=_merge_floor,
 )
 
@@ -214,6 +221,11 @@ ROWSUM = Spec(
     single=True,
     mistakes=_rowsum_mistakes,
     terms=lambda a: {"D": [Term("sum(dout * out, axis=-1)", np.sum(a[0] * a[1], axis=-1))]},
+    hints=("The softmax's backward needs, per query row, the dot product of dP and P; with dP = "
+           "dout @ v^T and out = P @ v, that dot product is the dot product of dout and out.",
+           "One number per row: multiply dout and out elementwise and sum over the last axis "
+           "(the hd features), without keepdims, so that D has shape (B, H, S).",
+           "D = sum(dout * out, axis=-1)"),
     factors=lambda a: {f"hd = {a[0].shape[-1]}": float(a[0].shape[-1])},
     shape_hints={"D": "D has one number per row (query): shape (B, H, S), the sum over the "
                       "last axis, hd, without keepdims."},
@@ -307,6 +319,12 @@ BUDGET = Spec(
     summary="budgets of a few GiB, an exact multiple, less than one position",
     single=True,
     mistakes=_budget_mistakes,
+    hints=("The cache holds, for every position, a key and a value (2 arrays) in every layer, for "
+           "every sequence of the batch and every head, each of head_dim numbers of itemsize "
+           "bytes.",
+           "bytes per position = 2 * n_layer * batch * n_head * head_dim * itemsize; the longest "
+           "context is the largest S with S * (bytes per position) <= budget.",
+           "S = budget // (2 * n_layer * batch * n_head * head_dim * itemsize)"),
 )
 
 

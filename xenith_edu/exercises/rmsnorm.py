@@ -132,6 +132,13 @@ RMSNORM = Spec(
             "where eps matters",
     mistakes=_rmsnorm_mistakes,
     terms=_rmsnorm_terms,
+    hints=("y = xhat * w with xhat = x * rstd, and rstd depends on the whole row: dx gets the "
+           "direct path through xhat and a second through rstd (the chain rule through a mean).",
+           "Write g = dy * w first; then dx = rstd * (g - xhat * mean(g * xhat, axis=-1, "
+           "keepdims=True)); dw sums dy * xhat over the positions, the axis w is shared along.",
+           "dx = rstd * (dy * w) - rstd * xhat * mean(dy * w * xhat, axis=-1, keepdims=True); "
+           "dw = sum(dy * xhat, axis=0), with rstd = 1 / sqrt(mean(x**2, axis=-1, keepdims=True) "
+           "+ eps)"),
     factors=lambda a: {f"N = {a[1].shape[0]}": float(a[1].shape[0]),
                        f"d = {a[1].shape[1]}": float(a[1].shape[1])},
     floor=lambda a: {"dx": amax(a[0], a[2]) / np.sqrt(np.mean(a[1] ** 2) + a[3]),

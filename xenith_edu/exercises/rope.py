@@ -131,6 +131,11 @@ ROPE = Spec(
     single=True,
     mistakes=_rope_mistakes,
     terms=_rope_terms,
+    hints=("RoPE rotates each pair (u[2i], u[2i+1]) by an angle: a rotation's Jacobian is the "
+           "rotation itself, so the backward is its transpose, the rotation by -angle.",
+           "a, b = du[..., 0::2], du[..., 1::2]; out[..., 0::2] = a * cos + b * sin; "
+           "out[..., 1::2] = -a * sin + b * cos (the forward with sin negated).",
+           "du_in[2i] = du[2i] cos + du[2i+1] sin; du_in[2i+1] = -du[2i] sin + du[2i+1] cos"),
     floor=lambda a: {"du_in": amax(a[0])},
     dtype_hint="The tables are float64: cast them to du's dtype (cos.astype(du.dtype)).",
 )

@@ -126,6 +126,13 @@ CE = Spec(
     summary="float64 and float32, N = 1 to 10, repeated targets, logits around 800",
     mistakes=_ce_mistakes,
     terms=_ce_terms,
+    hints=("The loss is the mean over N positions of -log softmax(logits)[target]: the gradient of "
+           "-log softmax at a row is softmax minus the one-hot of its target, and the mean "
+           "divides by N.",
+           "Subtract each row's max, exponentiate, normalise each row (axis=-1); loss = mean of "
+           "-log p[n, target[n]]; dlogits = p, then subtract 1 at each target, then divide by N.",
+           "loss = -mean(log softmax(logits)[arange(N), targets]); dlogits = (softmax(logits) - "
+           "onehot(targets)) / N"),
     factors=lambda a: {f"N = {a[0].shape[0]}": float(a[0].shape[0]),
                        f"V = {a[0].shape[1]}": float(a[0].shape[1])},
     floor=_ce_floor,

@@ -117,6 +117,14 @@ SWIGLU = Spec(
     summary="float64 and float32, N = 1 to 6, a square and a random shape",
     mistakes=_swiglu_mistakes,
     terms=_swiglu_terms,
+    hints=("out = (silu(x @ w1) * (x @ w3)) @ w2: every matmul's backward is two matmuls with a "
+           "transpose, the product's backward multiplies by the other factor, and x feeds two "
+           "matmuls, so its gradient is the sum of both.",
+           "Backward in reverse: dw2 = a.T @ dout and da = dout @ w2.T; then dh3 = da * silu(h1) "
+           "and dh1 = da * h3 * silu'(h1); then dw1 = x.T @ dh1, dw3 = x.T @ dh3 and dx = "
+           "dh1 @ w1.T + dh3 @ w3.T.",
+           "silu'(z) = sigmoid(z) * (1 + z * (1 - sigmoid(z))); dx = dh1 @ w1.T + dh3 @ w3.T; "
+           "dw1 = x.T @ dh1; dw3 = x.T @ dh3; dw2 = (silu(h1) * h3).T @ dout"),
     factors=lambda a: {f"N = {a[1].shape[0]}": float(a[1].shape[0])},
     floor=block_floor,
 )

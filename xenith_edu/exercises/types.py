@@ -25,6 +25,36 @@ class Status(str, Enum):
         return format(self.value, spec)
 
 
+HINT_STEPS = ("the rule", "the line", "the formula")
+_hints_given: dict[str, int] = {}  # per exercise: how many of its hints this process has given
+
+
+class Hint(str):
+    """A hint's text; shown as plain text when a notebook displays it."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def next_hint(exercise: str, steps: tuple[str, ...]) -> Hint:
+    """The next of the exercise's hints, one step further each call; the last one stays."""
+    if not steps:
+        return Hint(f"No hints are written for {exercise}.")
+    i = min(_hints_given.get(exercise, 0), len(steps) - 1)
+    _hints_given[exercise] = i + 1
+    name = f" ({HINT_STEPS[i]})" if len(steps) == len(HINT_STEPS) else ""
+    last = " That was the last hint." if i + 1 == len(steps) else " Ask again for the next."
+    return Hint(f"Hint {i + 1} of {len(steps)}{name} for {exercise}: {steps[i]}{last}")
+
+
+def forget_hints(exercise: str | None = None) -> None:
+    """Starts the hints of one exercise (or of every exercise) again from the first."""
+    if exercise is None:
+        _hints_given.clear()
+    else:
+        _hints_given.pop(exercise, None)
+
+
 @dataclass(frozen=True)
 class CheckResult:
     """The verdict of one check, as data: the report and the grade CSV read these fields."""
@@ -34,9 +64,14 @@ class CheckResult:
     passed: bool
     message: str  # what the learner reads: the verdict, the worst case, the diagnosis
     mistakes: tuple[str, ...] = ()  # the diagnosed mistakes, each as the message names it
+    hints: tuple[str, ...] = ()  # the exercise's hints: the rule, the line, the formula
 
     def __str__(self) -> str:
         return self.message
+
+    def hint(self) -> Hint:
+        """The next hint for this exercise: the rule, then the line, then the formula."""
+        return next_hint(self.exercise, self.hints)
 
 
 @dataclass(frozen=True)
