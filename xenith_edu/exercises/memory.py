@@ -53,7 +53,8 @@ def _merge_cases(rng: np.random.Generator) -> list[Case]:
         ("float64, block 2 fully masked (m2 = -inf, l2 = 0, o2 = 0)", np.float64, 1.0, "masked"),
     ]
     for label, dtype, scale, how in settings:
-        R, hd, b1, b2 = ints(2, 5), ints(2, 5), ints(1, 4), ints(1, 4)
+        # two keys per block at least: a block of one key has l = 1, where l-slips hide
+        R, hd, b1, b2 = ints(2, 5), ints(2, 5), ints(2, 4), ints(2, 4)
         shift = 12 * scale if scale > 1 else 0.0  # large scores: 1200 +- 300, exp(z) = inf
         z1 = randn(rng, (R, b1), scale=scale) + shift  # (R, b1) block 1's scores
         z2 = randn(rng, (R, b2), scale=scale) + shift  # (R, b2)
