@@ -291,8 +291,17 @@ def say(name: str, terms: list[Term], fit: Fit, factors: list[tuple[str, float]]
         lines.append(f"{name} as a whole {_phrase(fit.coefs[0], factors)}")
     elif len(terms) == 1 and changed:
         lines.append(f"{name} ({terms[0].name}) {_phrase(changed[0][1], factors)}")
-    else:
-        lines += [f"in {name}, the term {t.name} {_phrase(c, factors)}" for t, c in changed]
+    else:  # the terms that share a change, named together
+        by_phrase: dict[str, list[str]] = {}
+        for t, c in changed:
+            by_phrase.setdefault(_phrase(c, factors), []).append(t.name)
+        for phrase, names in by_phrase.items():
+            if len(names) == 1:
+                lines.append(f"in {name}, the term {names[0]} {phrase}")
+            else:
+                plural = phrase.replace("is ", "are ", 1).replace("has its", "have their", 1)
+                lines.append(f"in {name}, the terms {', '.join(names[:-1])} and {names[-1]} "
+                             f"{plural}")
     return "; ".join(lines) + "."
 
 
