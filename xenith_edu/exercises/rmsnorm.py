@@ -225,6 +225,24 @@ def _ln_mistakes(args: tuple, exp: dict) -> list[Mistake]:
     ]
 
 
+def _ln_terms(args: tuple) -> dict[str, list[Term]]:
+    """dx = rstd * g - rstd * mean(g) - rstd * xhat * mean(g * xhat), with g = dy * w."""
+    dy, x, w, b, eps = args
+    xc = x - x.mean(axis=-1, keepdims=True)  # (N, d)
+    rstd = 1.0 / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps)  # (N, 1)
+    xhat = xc * rstd
+    g = dy * w  # (N, d)
+    return {
+        "dx": [term("rstd * dy * w", ("rstd", rstd), ("dy", dy), ("w", w)),
+               term("-rstd * mean(g)", ("rstd", rstd),
+                    ("mean(g)", np.mean(g, axis=-1, keepdims=True)), sign=-1.0),
+               term("-rstd * xhat * mean(g * xhat)", ("rstd", rstd), ("xhat", xhat),
+                    ("mean(g * xhat)", np.mean(g * xhat, axis=-1, keepdims=True)), sign=-1.0)],
+        "dw": [Term("sum(dy * xhat, axis=0)", np.sum(dy * xhat, axis=0))],
+        "db": [Term("sum(dy, axis=0)", np.sum(dy, axis=0))],
+    }
+
+
 LAYERNORM = Spec(
     id="layernorm_backward",
     reference_name="the LayerNorm backward with bias",
@@ -237,6 +255,9 @@ LAYERNORM = Spec(
     summary="float64 and float32, rows with a mean of their own, one position, small inputs "
             "where eps matters",
     mistakes=_ln_mistakes,
+    terms=_ln_terms,
+    factors=lambda a: {f"N = {a[1].shape[0]}": float(a[1].shape[0]),
+                       f"d = {a[1].shape[1]}": float(a[1].shape[1])},
     floor=lambda a: {"dx": amax(a[0], a[2]) / np.sqrt(np.var(a[1]) + a[4]),
                      "dw": a[1].shape[0] * amax(a[0]), "db": a[1].shape[0] * amax(a[0])},
     shape_hints={n: "w and b are shared by every position: sum over the positions (axis=0)."

@@ -217,6 +217,20 @@ def _ls_mistakes(args: tuple, exp: dict) -> list[Mistake]:
     ]
 
 
+def _ls_terms(args: tuple) -> dict[str, list[Term]]:
+    """dlogits = softmax / N - (1 - smoothing) * onehot / N - smoothing / (V * N)."""
+    logits, targets, eps = args
+    N, V = logits.shape
+    onehot = np.eye(V)[targets]  # (N, V)
+    loss, _ = smoothed(logits, targets, eps)
+    return {"loss": [Term("-mean(sum(q * log softmax(logits)))", np.asarray(loss))],
+            "dlogits": [term("softmax / N", ("softmax", softmax64(logits)), ("1 / N", 1.0 / N)),
+                        term("-(1 - smoothing) * onehot / N", ("1 - smoothing", 1.0 - eps),
+                             ("onehot", onehot), ("1 / N", 1.0 / N), sign=-1.0),
+                        term("-smoothing / (V * N)", ("smoothing", eps), ("1 / V", 1.0 / V),
+                             ("1 / N", np.full((N, V), 1.0 / N)), sign=-1.0)]}
+
+
 LABEL_SMOOTHING = Spec(
     id="label_smoothing",
     reference_name="the cross-entropy against q = (1 - smoothing) * onehot + smoothing / V",
@@ -228,7 +242,9 @@ LABEL_SMOOTHING = Spec(
     seed=103,
     summary="float64 and float32, one position, logits around 800, smoothing 0.05 to 0.3",
     mistakes=_ls_mistakes,
-    factors=lambda a: {f"N = {a[0].shape[0]}": float(a[0].shape[0])},
+    terms=_ls_terms,
+    factors=lambda a: {f"N = {a[0].shape[0]}": float(a[0].shape[0]),
+                       f"V = {a[0].shape[1]}": float(a[0].shape[1])},
     floor=_ce_floor,
 )
 
