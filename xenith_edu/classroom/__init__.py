@@ -20,7 +20,11 @@ def __getattr__(name: str):
         from .grading import grade
 
         return grade
+    if name == "grade_merge":
+        from .shards import merge
+
+        return merge
     raise AttributeError(f"module 'xenith_edu.classroom' has no attribute {name!r}")
 
 
-__all__ = ["grade", "make_student_versions"]
+__all__ = ["grade", "grade_merge", "make_student_versions"]
