@@ -160,6 +160,7 @@ def class_rows(people: list[Learner], base: dict[str, list[tuple]], parts: list[
         for lid, nb, ex, status, message in found:
             most = asked[ex] if ex in asked else worth.get(ex)
             got = _got(status, most, pol.filled.get((lid, ex)))
+            status = str(getattr(status, "value", status))  # a Status, or a text
             out.append(dict(zip(CSV_FIELDS, (lid, nb, ex, status, "" if most is None else
                                             num(got), "" if most is None else num(most),
                                             mark, message), strict=True)))

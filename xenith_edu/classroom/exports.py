@@ -77,7 +77,11 @@ def _possible(part) -> str:
 
 def write_exports(files: dict[str, Path], export: tuple[str, ...], people: list,
                   lines: list[dict], parts: list) -> list[Path]:
-    """The LMS files asked for, next to the CSV; returns their paths."""
+    """The LMS files asked for, next to the CSV; returns their paths. A submission the roster
+    does not name is left out: the LMS would not know that learner."""
+    known = [(p, line) for p, line in zip(people, lines, strict=True)
+             if p.note != "not on the roster"]
+    people, lines = [p for p, _ in known], [line for _, line in known]
     written = []
     for name in export:
         make = {"canvas": canvas, "moodle": moodle}[name]

@@ -25,13 +25,18 @@ def _mistake(message: str) -> str | None:
     return first[:160]
 
 
-MARKDOWN = re.compile(r"([\\`*_\[\]|~#])")  # what makes emphasis, code, links, cells
+MARKDOWN = re.compile(r"([\\`*\[\]|~#])")  # what makes emphasis, code, links, cells
 
 
 def _cell(text: str) -> str:
     """`text` as literal Markdown on one line: no heading, link, emphasis or HTML of its own."""
     flat = html.escape(" ".join(str(text).split()), quote=False)
     return MARKDOWN.sub(r"\\\1", flat)
+
+
+def _name(exercise: str) -> str:
+    """An exercise's id as it is (a Python name), anything else escaped."""
+    return exercise if re.fullmatch(r"\w+", exercise) else _cell(exercise)
 
 
 def report(rows: list[dict], meta: dict) -> str:
@@ -59,13 +64,13 @@ def report(rows: list[dict], meta: dict) -> str:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for ex, c in exercises.items():
         total = sum(c.values())
-        lines.append(f"| {_cell(ex)} | {c['passed']} | {c['failed']} | {c['not attempted']} | "
+        lines.append(f"| {_name(ex)} | {c['passed']} | {c['failed']} | {c['not attempted']} | "
                      f"{c['delegated']} | {c['missing']} | {c['notebook error']} | "
                      f"{c['not submitted']} | {100 * c['passed'] / total:.0f}% |")
     lines += ["", "## Most common diagnosed mistakes", ""]
     if mistakes:
         for (ex, m), n in mistakes.most_common(TOP):
-            lines.append(f"- **{_cell(ex)}**, {n} learner{'s' if n > 1 else ''}: {_cell(m)}")
+            lines.append(f"- **{_name(ex)}**, {n} learner{'s' if n > 1 else ''}: {_cell(m)}")
     else:
         lines.append("None: no failed check named a likely mistake.")
     lines += ["", "## Learners with errors", ""]

@@ -112,7 +112,8 @@ def _check(shards: list[tuple[Path, dict]]) -> None:
     ks = sorted(f["shard"][0] for _, f in shards)
     if ks != list(range(1, n + 1)):
         missing = sorted(set(range(1, n + 1)) - set(ks))
-        what = f"shard {missing[0]} of {n} is missing" if missing else "a shard is given twice"
+        what = "a shard is given twice" if len(set(ks)) < len(ks) else \
+            f"shard {missing[0]} of {n} is missing"
         raise ValueError(f"grade-merge: {what}: give each of the {n} shards' CSV once")
 
 
