@@ -54,7 +54,10 @@ def _table(path: Path, what: str, required: tuple[str, ...]) -> list[tuple[int, 
     except OSError as exc:
         raise ValueError(f"{path.name}: cannot be read ({exc.strerror}): give the {what} "
                          "as a CSV file") from None
-    reader = csv.reader(io.StringIO(text, newline=""))
+    if "\0" in text:
+        n = text[:text.index("\0")].count("\n") + 1
+        raise ValueError(f"{path.name}, row {n}: a NUL byte: save the {what} as CSV text")
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
         header = [h.strip().lower() for h in next(reader, [])]
         rows = [(reader.line_num, r) for r in reader]
