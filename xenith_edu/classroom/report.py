@@ -39,6 +39,19 @@ def _name(exercise: str) -> str:
     return exercise if re.fullmatch(r"\w+", exercise) else _cell(exercise)
 
 
+def _pass_rates(exercises: dict[str, Counter]) -> list[str]:
+    """The table of statuses per exercise; "not submitted" only when a roster names absentees."""
+    columns = ["passed", "failed", "not attempted", "delegated", "missing", "notebook error"]
+    if any(c["not submitted"] for c in exercises.values()):
+        columns.append("not submitted")
+    lines = ["| exercise | " + " | ".join(columns) + " | pass rate |",
+             "| --- " * (len(columns) + 2) + "|"]
+    for ex, c in exercises.items():
+        lines.append(f"| {_name(ex)} | " + " | ".join(str(c[k]) for k in columns) +
+                     f" | {100 * c['passed'] / sum(c.values()):.0f}% |")
+    return lines
+
+
 def report(rows: list[dict], meta: dict) -> str:
     """The report's Markdown."""
     exercises: dict[str, Counter] = {}
@@ -58,15 +71,7 @@ def report(rows: list[dict], meta: dict) -> str:
     lines = [f"# Grades: {_cell(meta.get('csv', ''))}", "",
              f"{meta.get('learners', 0)} learners, graded in {meta.get('seconds', 0):.0f} s "
              f"with {meta.get('jobs', 1)} jobs. Sandbox: {meta.get('sandbox', '')}.", "",
-             "## Pass rate per exercise", "",
-             "| exercise | passed | failed | not attempted | delegated | missing | "
-             "notebook error | not submitted | pass rate |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for ex, c in exercises.items():
-        total = sum(c.values())
-        lines.append(f"| {_name(ex)} | {c['passed']} | {c['failed']} | {c['not attempted']} | "
-                     f"{c['delegated']} | {c['missing']} | {c['notebook error']} | "
-                     f"{c['not submitted']} | {100 * c['passed'] / total:.0f}% |")
+             "## Pass rate per exercise", "", *_pass_rates(exercises)]
     lines += ["", "## Most common diagnosed mistakes", ""]
     if mistakes:
         for (ex, m), n in mistakes.most_common(TOP):
