@@ -136,3 +136,42 @@ def test_markup_and_formulas_from_learners_stay_text(tmp_path):
         totals = {r["learner"]: r for r in csv.DictReader(f)}
     assert totals["dup.ipynb"]["total"] == totals["dup/"]["total"] == "4"
     assert "name shared" in totals["dup/"]["submitted"]
+
+
+def test_a_learner_notebook_read_by_the_grader_is_bounded_and_never_followed(tmp_path):
+    from xenith_edu.classroom.points import Question, answers, blank_skipped
+
+    q = (Question("q1", 1.0, ""),)
+    secret = tmp_path / "teacher.ipynb"
+    write(lesson(slow=True), secret)
+    before = secret.read_bytes()
+    link = tmp_path / "link.ipynb"
+    link.symlink_to(secret)
+    assert blank_skipped(link) == 0 and answers(link, q) == {}
+    assert secret.read_bytes() == before  # the link was not followed
+    for junk in (b"", b"{ not json", b"[" * 100_000 + b"]" * 100_000, b'{"cells": 3}',
+                 b'{"cells": [1, "x", {"cell_type": "code", "metadata": 7}]}',
+                 b'{"cells": [{"cell_type": "code", "metadata": {"tags": "skip-grading"}}]}',
+                 b'{"cells": [{"cell_type": "markdown", "id": "q1", "source": 5}]}'):
+        path = tmp_path / "junk.ipynb"
+        path.write_bytes(junk)
+        assert blank_skipped(path) in (0,) and isinstance(answers(path, q), dict)
+    copy = tmp_path / "copy.ipynb"
+    write(lesson(slow=True), copy)
+    assert blank_skipped(copy) == 1
+    assert "time.sleep" not in copy.read_text() and "time.sleep" in secret.read_text()
+
+
+def test_the_book_tags_its_long_training_cells_and_no_exercise(tmp_path):
+    import json
+
+    from xenith_edu.classroom.points import SKIP_TAG
+    from xenith_edu.classroom.roster import PACKAGE_ROOT
+
+    for name in ("training", "parallel"):
+        cells = json.loads((PACKAGE_ROOT / "notebooks" / f"{name}.ipynb").read_text())["cells"]
+        tagged = [c for c in cells if SKIP_TAG in c.get("metadata", {}).get("tags", [])]
+        assert tagged, name
+        for c in tagged:
+            source = "".join(c["source"])
+            assert "check_" not in source and "def my_" not in source, source[:80]
