@@ -213,3 +213,31 @@ def test_every_csv_cell_that_a_spreadsheet_would_run_is_neutralised(course):
     for text in ("=1+1", "+1", "-1", "@SUM(A1)", "\tx", "\rx"):
         assert safe_cell(text) == "'" + text and unsafe_cell(safe_cell(text)) == text
     assert safe_cell("alice") == "alice" and unsafe_cell("'quoted") == "'quoted"
+
+
+def test_an_lms_timestamps_file_and_a_cut_off_decide_lateness(course):
+    stamps = course["root"] / "timestamps.csv"
+    stamps.write_text("id,submitted\nalice,2026-11-21T00:30+00:00\n"
+                      f"dan,{(DUE - timedelta(minutes=5)).isoformat()}\ncarol,\n")
+    rows = run(course, timestamps=stamps, resume=True,
+               late_cutoff=(DUE + timedelta(hours=12)).isoformat())
+    late = {r["learner"]: r["late"] for r in rows}
+    assert late["alice"] == "late by 1 day" and late["dan"] == "" and late["bob"] == ""
+    t = {line["learner"]: line for line in table(course["out"] / "grades.totals.csv")}
+    assert t["alice"]["total"] == "4.95" and t["dan"]["total"] == "4"  # (4 + 1.5) x 0.9
+    stamps.write_text(f"id,submitted\nalice,{(DUE + timedelta(days=1)).isoformat()}\n")
+    run(course, timestamps=stamps, resume=True,
+        late_cutoff=(DUE + timedelta(hours=12)).isoformat())
+    t = {line["learner"]: line for line in table(course["out"] / "grades.totals.csv")}
+    assert t["alice"]["total"] == "0" and t["alice"]["late"] == "late by 1 day, after the cut-off"
+
+
+def test_bad_points_in_the_teacher_s_notebook_are_one_line(tmp_path):
+    nb = lesson()
+    nb.cells[2].metadata["nbgrader"]["points"] = "three"
+    write(nb, tmp_path / "inst" / "lesson.ipynb")
+    write(lesson(), tmp_path / "subs" / "a.ipynb")
+    with pytest.raises(ValueError, match=r"lesson.ipynb, cell 3: metadata.nbgrader.points is "
+                                         r"'three': give a number"):
+        grade(tmp_path / "subs", tmp_path / "g.csv", instructor=tmp_path / "inst")
+    assert not (tmp_path / "g.csv").exists()
