@@ -469,6 +469,12 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     return course.finish(out_csv, facts, base, parts, pol, meta)
 
 
+def _kept(record: dict) -> tuple[list[tuple], dict]:
+    """The rows and written answers of a learner kept from the journal."""
+    kept = record.get("answers")
+    return [tuple(r) for r in record["rows"]], kept if isinstance(kept, dict) else {}
+
+
 def _run_class(entries: list, teacher: list, options: Options, journal: Journal, jobs: int,
                progress: bool) -> list[tuple[list[tuple], dict]]:
     """Every learner's rows and written answers, in the folder's order; `jobs` sandboxes at a
@@ -476,9 +482,7 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
     slots: queue.Queue[int] = queue.Queue()
     for k in range(jobs):
         slots.put(k)
-    fonts = sandbox.font_cache()
-    count = {"done": 0}
-    lock = threading.Lock()
+    fonts, count, lock = sandbox.font_cache(), {"done": 0}, threading.Lock()
 
     def one(entry: tuple[str, Path | None, str]) -> tuple[list[tuple], dict]:
         learner, source, problem = entry
@@ -489,10 +493,8 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
             stamp = fingerprint(source)
             record = journal.done(key, stamp)
             if record is not None:
-                kept = record.get("answers")
-                return [tuple(r) for r in record["rows"]], kept if isinstance(kept, dict) else {}
-            slot = slots.get()
-            t0 = time.monotonic()
+                return _kept(record)
+            slot, t0 = slots.get(), time.monotonic()
             try:
                 found, seeds = grade_learner(learner, source, teacher, options, slot, fonts)
             finally:
@@ -503,11 +505,10 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
             if sandbox.ABORT.is_set():
                 raise KeyboardInterrupt  # its sandbox was ended: not a grade
             found = seeds.pop("answers", {})
-            if seeds.pop("retry", False):
-                return rows, found  # not journaled: --resume grades this learner again
-            journal.append({"learner": key, "fingerprint": stamp, "rows": rows,
-                            "seeds": seeds, "answers": found,
-                            "seconds": round(time.monotonic() - t0, 2)})
+            if not seeds.pop("retry", False):  # else not journaled: --resume grades it again
+                seconds = round(time.monotonic() - t0, 2)
+                journal.append({"learner": key, "fingerprint": stamp, "rows": rows,
+                                "seeds": seeds, "answers": found, "seconds": seconds})
             return rows, found
         return [(learner, *r) for r in rows], {}
 
