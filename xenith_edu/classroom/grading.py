@@ -400,9 +400,11 @@ def _check_shard(shard: str | None, course_options: dict) -> tuple[int, int]:
     return k, n
 
 
-def _the_class(root: Path, out_csv: Path, instructor: Path | None) -> tuple[list, list, list]:
+def _the_class(root: Path, out_csv: Path, instructor: Path | None, feedback: object
+               ) -> tuple[list, list, list]:
     """The submissions (the grader's own files skipped), the teacher's exercises, the parts."""
-    skip = {p.resolve() for p in (out_csv, *outputs(out_csv), *course.outputs(out_csv).values())}
+    mine = [out_csv, *outputs(out_csv), *course.outputs(out_csv).values()]
+    skip = {Path(p).resolve() for p in mine + ([feedback] if feedback is not None else [])}
     entries = submissions(root, skip)
     teacher = teacher_exercises(instructor, entries)
     return entries, teacher, read_parts(instructor, teacher)
@@ -444,7 +446,8 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     limits = sandbox.Limits() if memory is None else sandbox.Limits(memory=int(memory))
     instructor = None if instructor is None else _as_path(instructor, "instructor")
     journal_path, files = outputs(out_csv)[0], course.outputs(out_csv)
-    entries, teacher, parts = _the_class(root, out_csv, instructor)
+    entries, teacher, parts = _the_class(root, out_csv, instructor,
+                                         course_options.get("feedback"))
     facts = [course.entry_of(i, e) for i, e in enumerate(entries)]
     pol = course.from_options(course_options, facts, parts, files["written"])
     options = Options(float(timeout), float(call_time), limits, seed, parts)
