@@ -79,3 +79,18 @@ def test_a_missing_or_doubled_shard_and_course_options_on_a_shard_are_refused(ru
     for bad in ("0/2", "3/2", "1", "a/b"):
         with pytest.raises(ValueError, match="give K/N"):
             grade(runs["subs"], split / "y.csv", shard=bad, instructor=runs["inst"])
+
+
+def test_the_help_explains_the_course_options(capsys):
+    for argv, options in ((["grade", "--help"], ["--roster", "--deadline", "--timestamps",
+                                                 "--late-penalty", "--late-cutoff", "--written",
+                                                 "--feedback", "--export", "--shard"]),
+                          (["grade-merge", "--help"], ["SHARD_CSV", "--out", "--roster",
+                                                       "--written", "--export"]),
+                          (["--help"], ["grade-merge"])):
+        assert cli.main(argv) == 0
+        out = capsys.readouterr().out
+        for option in options:
+            assert option in out, (argv, option)
+    assert cli.main(["grade", "x", "--out", "y.csv", "--late-penalty", "1.5"]) == 2
+    assert "fraction from 0 to 1" in capsys.readouterr().err
