@@ -383,8 +383,12 @@ def outputs(out_csv: Path) -> tuple[Path, Path]:
             out_csv.with_name(out_csv.stem + ".md"))
 
 
-def _key(teacher: list[tuple[str, list[Exercise]]]) -> str:
-    text = json.dumps([[n, [[e.id, e.fn] for e in ex]] for n, ex in teacher])
+def _key(teacher: list[tuple[str, list[Exercise]]], parts: list) -> str:
+    """What a journal was written for: the exercises, and the written questions whose answers
+    it keeps (not the points, which the course applies afresh at every run)."""
+    written = [[q.id for q in p.questions] for p in parts]
+    text = json.dumps([[n, [[e.id, e.fn] for e in ex]] for n, ex in teacher] +
+                      ([written] if any(written) else []))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -452,7 +456,7 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     pol = course.from_options(course_options, facts, parts, files["written"])
     options = Options(float(timeout), float(call_time), limits, seed, parts)
     sandbox.check_works()
-    journal = Journal(journal_path, _key(teacher), resume)
+    journal = Journal(journal_path, _key(teacher, parts), resume)
     if not sandbox.bwrap():
         print(f"xenith-edu grade: {sandbox.WARNING}", file=sys.stderr, flush=True)
     started = time.monotonic()
@@ -464,7 +468,7 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
         base[facts[i].key], facts[i].answers = rows, found
     meta = {"learners": len(entries), "jobs": jobs, "seconds": time.monotonic() - started,
             "sandbox": sandbox.isolation()}
-    shards.write_facts(files["course"], _key(teacher), (k, n), len(entries), parts,
+    shards.write_facts(files["course"], _key(teacher, parts), (k, n), len(entries), parts,
                        [facts[i] for i in mine], meta)
     if shard is not None:
         return [dict(zip(("learner", "notebook", "exercise", "status", "message"), r,
