@@ -13,8 +13,8 @@ import random
 
 import pytest
 from nbformat.v4 import new_code_cell
+from test_course import DUE, lesson, the_class, write
 
-from tests.test_course import DUE, lesson, the_class, write
 from xenith_edu import cli
 from xenith_edu.classroom import grade
 from xenith_edu.classroom.inputs import read_filled, read_roster, read_timestamps

@@ -9,8 +9,8 @@ import json
 import shutil
 
 import pytest
+from test_course import DUE, the_class
 
-from tests.test_course import DUE, the_class
 from xenith_edu import cli
 from xenith_edu.classroom import grade, grade_merge
 
