@@ -213,6 +213,8 @@ def test_every_csv_cell_that_a_spreadsheet_would_run_is_neutralised(course):
     for text in ("=1+1", "+1", "-1", "@SUM(A1)", "\tx", "\rx"):
         assert safe_cell(text) == "'" + text and unsafe_cell(safe_cell(text)) == text
     assert safe_cell("alice") == "alice" and unsafe_cell("'quoted") == "'quoted"
+    for text in ("'=x", "''", "'", "'quoted", "a'=b", ""):  # a quote of the learner's own
+        assert unsafe_cell(safe_cell(text)) == text
 
 
 def test_an_lms_timestamps_file_and_a_cut_off_decide_lateness(course):

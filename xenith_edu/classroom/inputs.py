@@ -14,19 +14,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-MAX_BYTES = 16 << 20  # a roster or sheet larger than this is not one
+MAX_BYTES = 128 << 20  # a roster or sheet larger than this is not one
 TRIGGERS = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet takes for a formula (OWASP)
 
 
 def safe_cell(value: object) -> str:
-    """A CSV cell a spreadsheet shows as text: a leading formula character gets a quote."""
+    """A CSV cell a spreadsheet shows as text: a leading formula character gets a quote (and
+    so does a leading quote, so that `unsafe_cell` gives back exactly what was written)."""
     text = "" if value is None else str(value)
-    return "'" + text if text.startswith(TRIGGERS) else text
+    return "'" + text if text.startswith((*TRIGGERS, "'")) else text
 
 
 def unsafe_cell(text: str) -> str:
     """The value `safe_cell` neutralised, as read back from a sheet the grader wrote."""
-    return text[1:] if text.startswith("'") and text[1:].startswith(TRIGGERS) else text
+    return text[1:] if text.startswith("'") and text[1:].startswith((*TRIGGERS, "'")) else text
 
 
 @dataclass(frozen=True)
