@@ -5,7 +5,9 @@ The teacher's notebooks say which exercises there are: each check cell `check_<i
 names an exercise and the learner's function. For each learner, one sandbox runs the learner's
 notebooks of the same names and calls each function on fresh random cases (new seeds, varied
 sizes and settings); only plain arrays and numbers come back. `judge` compares them with the
-package's reference here. The learner's code can change nothing the grader uses.
+package's reference here. The learner's code can change nothing the grader uses. Before the
+sandbox starts, the grader reads the written answers from its private copy of the notebooks and
+empties the cells tagged skip-grading; the course (course.py) turns the rows into points.
 """
 
 from __future__ import annotations
