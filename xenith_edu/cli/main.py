@@ -320,8 +320,7 @@ def _cmd_grade(args: argparse.Namespace) -> int:
         print(f"graded shard {args.shard}: {len(rows)} grade row(s), {passed} passed; join the "
               f"shards with {PROG} grade-merge")
         return 0
-    print(f"wrote {len(rows)} grade row(s), {passed} passed, to {args.out}; "
-          f"totals in {Path(args.out).with_suffix('')}.totals.csv")
+    print(f"wrote {len(rows)} grade row(s), {passed} passed, to {args.out}")
     return 0
 
 
@@ -340,7 +339,7 @@ def _cmd_grade_merge(args: argparse.Namespace) -> int:
     rows = classroom.grade_merge([Path(p) for p in args.shards], Path(args.out), **given)
     passed = sum(1 for r in rows if r.get("status") == "passed")
     print(f"joined {len(args.shards)} shard(s): wrote {len(rows)} grade row(s), {passed} "
-          f"passed, to {args.out}; totals in {Path(args.out).with_suffix('')}.totals.csv")
+          f"passed, to {args.out}")
     return 0
 
 
