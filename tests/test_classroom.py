@@ -251,7 +251,8 @@ def test_grade_skips_its_own_files_inside_the_folder(tmp_path):
     rows = grade(subs, subs / "grades.csv", timeout=None, instructor=inst)  # the default limit
     rows_again = grade(subs, subs / "grades.csv", timeout=5, instructor=inst)
     assert rows == rows_again == [{"learner": "x", "notebook": "", "exercise": "",
-                                   "status": "notebook error",
+                                   "status": "notebook error", "points": "",
+                                   "max_points": "", "late": "",
                                    "message": "not a notebook: x.txt"}]
 
 

@@ -4,7 +4,10 @@
 takes the exercises from the teacher's notebooks (roster.py), runs each learner's notebooks in
 a sandbox (sandbox.py, worker.py, over the channel of wire.py), judges the returned values in
 the grader's own process, journals each learner's rows as soon as they are known (journal.py),
-and writes the CSV and a report (report.py).
+and ends as a course (course.py): points and written questions from the teacher's notebooks
+(points.py), the roster, times and filled sheet read as foreign input (inputs.py), the CSV,
+totals, report (report.py), feedback and LMS files (exports.py). `grade_merge` (shards.py)
+joins the shards of a class graded with `shard="K/N"`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,11 @@ def __getattr__(name: str):
         from .grading import grade
 
         return grade
+    if name == "grade_merge":
+        from .shards import merge
+
+        return merge
     raise AttributeError(f"module 'xenith_edu.classroom' has no attribute {name!r}")
 
 
-__all__ = ["grade", "make_student_versions"]
+__all__ = ["grade", "grade_merge", "make_student_versions"]

@@ -5,14 +5,14 @@ The teacher's notebooks say which exercises there are: each check cell `check_<i
 names an exercise and the learner's function. For each learner, one sandbox runs the learner's
 notebooks of the same names and calls each function on fresh random cases (new seeds, varied
 sizes and settings); only plain arrays and numbers come back. `judge` compares them with the
-package's reference here. The learner's code can change nothing the grader uses.
+package's reference here. The learner's code can change nothing the grader uses. Before the
+sandbox starts, the grader reads the written answers from its private copy of the notebooks and
+empties the cells tagged skip-grading; the course (course.py) turns the rows into points.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import math
 import os
@@ -29,13 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..tools.util import atomic_write_text
-from . import sandbox, wire
-from .journal import Journal, fingerprint, group_readable
+from . import course, sandbox, shards, wire
+from .journal import Journal, fingerprint
+from .points import answers, blank_skipped, read_parts
 from .roster import Exercise, learner_notebooks, match, submissions, teacher_exercises
 
-STATUSES = ("passed", "failed", "not attempted", "delegated", "missing", "notebook error")
-CSV_FIELDS = ("learner", "notebook", "exercise", "status", "message")
+STATUSES = ("passed", "failed", "not attempted", "delegated", "missing", "notebook error",
+            "not submitted", "to grade", "graded")
+CSV_FIELDS = course.CSV_FIELDS
 DEFAULT_TIMEOUT = 120.0  # seconds for one notebook's cells
 CALL_TIME = 10.0  # seconds for one exercise's calls (every case and probe)
 
@@ -48,6 +49,7 @@ class Options:
     call_time: float = CALL_TIME
     limits: sandbox.Limits = field(default_factory=sandbox.Limits)
     seed: int | None = None  # None: a fresh random seed for every learner and exercise
+    parts: list = field(default_factory=list)  # the course's parts (points.Part): questions
 
 
 def _specs() -> dict:
@@ -301,17 +303,19 @@ def sandbox_seconds(plan: list, options: Options) -> float:
 
 def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exercise]]],
                   options: Options, slot: int, fonts: list) -> tuple[list[tuple], dict]:
-    """The rows (notebook, exercise, status, message) of one learner, and the seeds used."""
+    """The rows (notebook, exercise, status, message) of one learner, and the seeds used (and,
+    under "answers", the learner's written answers to the questions of `options.parts`)."""
     mine = learner_notebooks(source)
     if not mine:
         return [("", "", "notebook error", "no notebook (.ipynb) in this folder")], {}
     matched = match([name for name, _ in teacher], mine)
     plan = [(name, matched[name], ex) for name, ex in teacher if matched[name] is not None]
-    problem, replies, kept, retry = None, [], {}, False
+    problem, replies, kept, retry, found = None, [], {}, False, {}
     if plan:
         tmp = Path(tempfile.mkdtemp(prefix="xenith-grade-"))
         try:
             copy = sandbox.private_copy(source, tmp)
+            found = _prepare(copy, plan, options)
             home = sandbox.HOME if sandbox.bwrap() else str(copy)
             msg, frames, kept = build_request(learner, plan, options, home)
             run = sandbox.run_sandbox(copy, msg, frames, sandbox_seconds(plan, options), slot,
@@ -334,7 +338,20 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
                   in zip(plan, replies, strict=False) if r.ran is not None})
     if retry:
         seeds["retry"] = True
+    seeds["answers"] = found
     return rows, seeds
+
+
+def _prepare(copy: Path, plan: list, options: Options) -> dict:
+    """Before the sandbox starts: the written answers read from the private copy, and its
+    cells tagged skip-grading emptied. Returns {teacher's notebook: {question: answer}}."""
+    questions = {p.notebook: p.questions for p in options.parts}
+    found = {}
+    for name, rel, _ in plan:
+        if questions.get(name):
+            found[name] = answers(copy / rel, questions[name])
+        blank_skipped(copy / rel)
+    return found
 
 
 def _setup_error(run: sandbox.SandboxRun) -> str | None:
@@ -368,16 +385,44 @@ def outputs(out_csv: Path) -> tuple[Path, Path]:
             out_csv.with_name(out_csv.stem + ".md"))
 
 
-def _key(teacher: list[tuple[str, list[Exercise]]]) -> str:
-    text = json.dumps([[n, [[e.id, e.fn] for e in ex]] for n, ex in teacher])
+def _key(teacher: list[tuple[str, list[Exercise]]], parts: list) -> str:
+    """What a journal was written for: the exercises, and the written questions whose answers
+    it keeps (not the points, which the course applies afresh at every run)."""
+    written = [[q.id for q in p.questions] for p in parts]
+    text = json.dumps([[n, [[e.id, e.fn] for e in ex]] for n, ex in teacher] +
+                      ([written] if any(written) else []))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_shard(shard: str | None, course_options: dict) -> tuple[int, int]:
+    k, n = shards.parse_shard(shard)
+    unknown = set(course_options) - set(course.OPTIONS)
+    if unknown:
+        raise TypeError(f"grade() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    given = {o for o, v in course_options.items() if v not in (None, (), [])}
+    if shard is not None and given:
+        raise ValueError(f"{sorted(given)[0]}: a shard grades only; give the course's options "
+                         "to grade-merge, which joins the shards")
+    return k, n
+
+
+def _the_class(root: Path, out_csv: Path, instructor: Path | None, feedback: object
+               ) -> tuple[list, list, list]:
+    """The submissions (the grader's own files skipped), the teacher's exercises, the parts."""
+    mine = [out_csv, *outputs(out_csv), *course.outputs(out_csv).values()]
+    skip = {Path(p).resolve() for p in mine + ([feedback] if feedback is not None else [])}
+    entries = submissions(root, skip)
+    teacher = teacher_exercises(instructor, entries)
+    return entries, teacher, read_parts(instructor, teacher)
 
 
 def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_TIMEOUT, *,
           instructor: Path | None = None, jobs: int | None = None, resume: bool = False,
           memory: int | None = None, seed: int | None = None, progress: bool | None = None,
-          call_time: float = CALL_TIME) -> list[dict]:
-    """Grade every submission in `submissions_dir`; write the CSV, its journal and a report.
+          call_time: float = CALL_TIME, shard: str | None = None, **course_options
+          ) -> list[dict]:
+    """Grade every submission in `submissions_dir`; write the CSV, its journal, a report, the
+    totals and the other files of the course (see `course.finish`).
 
     The exercises come from the teacher's notebooks (`instructor`: a notebook or a folder;
     default the book's chapter notebooks that the class handed in). A learner is a notebook
@@ -386,58 +431,69 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     `timeout` seconds per notebook (None: DEFAULT_TIMEOUT), `jobs` learners at a time (default
     the number of cores), `memory` bytes of address space (default 2 GiB). Each learner's
     rows go to the journal as soon as they are known; with `resume`, the learners already in
-    the journal (and unchanged) are kept, not run again. The CSV (learner, notebook, exercise,
-    status, message) is written atomically once every sandbox has ended. `seed` fixes the
-    cases (for tests); by default every learner and exercise gets a fresh random seed.
-    `call_time` bounds, in seconds, one exercise's calls of the learner's function.
-    `progress` prints a line per learner on stderr (None: when stderr is a terminal).
+    the journal (and unchanged) are kept, not run again. The CSV is written atomically once
+    every sandbox has ended. `seed` fixes the cases (for tests); by default every learner and
+    exercise gets a fresh random seed. `call_time` bounds, in seconds, one exercise's calls of
+    the learner's function. `progress` prints a line per learner on stderr (None: when stderr
+    is a terminal). `shard` "K/N" grades the K-th of N slices of the class and writes only
+    its journal and facts, for `grade_merge`. The course's options (each checked before
+    anything runs): `roster` (CSV: id, name, email, ...), `timestamps` (CSV: id, submitted),
+    `written` (the filled sheet of written answers), `feedback` (a folder), `export`
+    (("canvas", "moodle")), `deadline`, `late_cutoff` (ISO 8601) and `late_penalty` (the
+    fraction of the points lost per day late).
     """
-    from .report import write_report
-    from .student import _as_path
+    from .student import _as_path  # the one check of a path argument
 
     root, out_csv = _as_path(submissions_dir, "submissions_dir"), _as_path(out_csv, "out_csv")
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
     _check_arguments(root, out_csv, timeout, jobs)
+    k, n = _check_shard(shard, course_options)
     limits = sandbox.Limits() if memory is None else sandbox.Limits(memory=int(memory))
-    options = Options(float(timeout), float(call_time), limits, seed)
-    journal_path, report_path = outputs(out_csv)
-    skip = {p.resolve() for p in (out_csv, journal_path, report_path)}
-    entries = submissions(root, skip)
-    teacher = teacher_exercises(None if instructor is None else _as_path(instructor, "instructor"),
-                       entries)
+    instructor = None if instructor is None else _as_path(instructor, "instructor")
+    journal_path, files = outputs(out_csv)[0], course.outputs(out_csv)
+    entries, teacher, parts = _the_class(root, out_csv, instructor,
+                                         course_options.get("feedback"))
+    facts = [course.entry_of(i, e) for i, e in enumerate(entries)]
+    pol = course.from_options(course_options, facts, parts, files["written"])
+    options = Options(float(timeout), float(call_time), limits, seed, parts)
     sandbox.check_works()
-    journal = Journal(journal_path, _key(teacher), resume)
+    journal = Journal(journal_path, _key(teacher, parts), resume)
     if not sandbox.bwrap():
         print(f"xenith-edu grade: {sandbox.WARNING}", file=sys.stderr, flush=True)
     started = time.monotonic()
     progress = sys.stderr.isatty() if progress is None else progress
-    per_learner = _run_class(entries, teacher, options, journal, jobs, progress)
-    rows = [dict(zip(CSV_FIELDS, row, strict=True)) for learner in per_learner for row in learner]
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write_text(out_csv, buf.getvalue())
-    group_readable(out_csv)
-    write_report(report_path, rows, {"learners": len(entries), "jobs": jobs,
-                                     "seconds": time.monotonic() - started,
-                                     "sandbox": sandbox.isolation(), "csv": out_csv.name})
-    group_readable(report_path)
-    return rows
+    mine = shards.select(len(entries), k, n)
+    graded = _run_class([entries[i] for i in mine], teacher, options, journal, jobs, progress)
+    base = {}
+    for i, (rows, found) in zip(mine, graded, strict=True):
+        base[facts[i].key], facts[i].answers = rows, found
+    meta = {"learners": len(entries), "jobs": jobs, "seconds": time.monotonic() - started,
+            "sandbox": sandbox.isolation()}
+    shards.write_facts(files["course"], _key(teacher, parts), (k, n), len(entries), parts,
+                       [facts[i] for i in mine], meta)
+    if shard is not None:
+        return [dict(zip(("learner", "notebook", "exercise", "status", "message"), r,
+                         strict=True)) for rows, _ in graded for r in rows]
+    return course.finish(out_csv, facts, base, parts, pol, meta)
+
+
+def _kept(record: dict) -> tuple[list[tuple], dict]:
+    """The rows and written answers of a learner kept from the journal."""
+    kept = record.get("answers")
+    return [tuple(r) for r in record["rows"]], kept if isinstance(kept, dict) else {}
 
 
 def _run_class(entries: list, teacher: list, options: Options, journal: Journal, jobs: int,
-               progress: bool) -> list[list[tuple]]:
-    """Every learner's CSV rows, in the folder's order; `jobs` sandboxes at a time."""
+               progress: bool) -> list[tuple[list[tuple], dict]]:
+    """Every learner's rows and written answers, in the folder's order; `jobs` sandboxes at a
+    time."""
     slots: queue.Queue[int] = queue.Queue()
     for k in range(jobs):
         slots.put(k)
-    fonts = sandbox.font_cache()
-    count = {"done": 0}
-    lock = threading.Lock()
+    fonts, count, lock = sandbox.font_cache(), {"done": 0}, threading.Lock()
 
-    def one(entry: tuple[str, Path | None, str]) -> list[tuple]:
+    def one(entry: tuple[str, Path | None, str]) -> tuple[list[tuple], dict]:
         learner, source, problem = entry
         key = source.name if source is not None else learner
         if source is None:
@@ -446,9 +502,8 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
             stamp = fingerprint(source)
             record = journal.done(key, stamp)
             if record is not None:
-                return [tuple(r) for r in record["rows"]]
-            slot = slots.get()
-            t0 = time.monotonic()
+                return _kept(record)
+            slot, t0 = slots.get(), time.monotonic()
             try:
                 found, seeds = grade_learner(learner, source, teacher, options, slot, fonts)
             finally:
@@ -458,22 +513,23 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
                     for nb, ex, st, msg in found]
             if sandbox.ABORT.is_set():
                 raise KeyboardInterrupt  # its sandbox was ended: not a grade
-            if seeds.pop("retry", False):
-                return rows  # not journaled: --resume grades this learner again
-            journal.append({"learner": key, "fingerprint": stamp, "rows": rows,
-                            "seeds": seeds, "seconds": round(time.monotonic() - t0, 2)})
-            return rows
-        return [(learner, *r) for r in rows]
+            found = seeds.pop("answers", {})
+            if not seeds.pop("retry", False):  # else not journaled: --resume grades it again
+                seconds = round(time.monotonic() - t0, 2)
+                journal.append({"learner": key, "fingerprint": stamp, "rows": rows,
+                                "seeds": seeds, "answers": found, "seconds": seconds})
+            return rows, found
+        return [(learner, *r) for r in rows], {}
 
     def tracked(entry):
-        rows = one(entry)
+        rows, found = one(entry)
         if progress:
             with lock:
                 count["done"] += 1
                 passed = sum(1 for r in rows if r[3] == "passed")
                 print(f"graded {entry[0]} ({count['done']} of {len(entries)}): {passed} of "
                       f"{sum(1 for r in rows if r[2])} passed", file=sys.stderr, flush=True)
-        return rows
+        return rows, found
 
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:

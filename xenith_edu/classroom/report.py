@@ -1,9 +1,11 @@
 """The teacher's one-page report, written next to the CSV: how the class did on each exercise,
-the mistakes the checks diagnosed most often, and the learners whose notebooks had errors.
+the mistakes the checks diagnosed most often, the learners whose notebooks had errors, and the
+course's notes (absent, late, not on the roster, names shared). Every learner's string is escaped.
 """
 
 from __future__ import annotations
 
+import html
 import re
 from collections import Counter
 from pathlib import Path
@@ -23,8 +25,31 @@ def _mistake(message: str) -> str | None:
     return first[:160]
 
 
+MARKDOWN = re.compile(r"([\\`*\[\]|~#])")  # what makes emphasis, code, links, cells
+
+
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """`text` as literal Markdown on one line: no heading, link, emphasis or HTML of its own."""
+    flat = html.escape(" ".join(str(text).split()), quote=False)
+    return MARKDOWN.sub(r"\\\1", flat)
+
+
+def _name(exercise: str) -> str:
+    """An exercise's id as it is (a Python name), anything else escaped."""
+    return exercise if re.fullmatch(r"\w+", exercise) else _cell(exercise)
+
+
+def _pass_rates(exercises: dict[str, Counter]) -> list[str]:
+    """The table of statuses per exercise; "not submitted" only when a roster names absentees."""
+    columns = ["passed", "failed", "not attempted", "delegated", "missing", "notebook error"]
+    if any(c["not submitted"] for c in exercises.values()):
+        columns.append("not submitted")
+    lines = ["| exercise | " + " | ".join(columns) + " | pass rate |",
+             "| --- " * (len(columns) + 2) + "|"]
+    for ex, c in exercises.items():
+        lines.append(f"| {_name(ex)} | " + " | ".join(str(c[k]) for k in columns) +
+                     f" | {100 * c['passed'] / sum(c.values()):.0f}% |")
+    return lines
 
 
 def report(rows: list[dict], meta: dict) -> str:
@@ -33,8 +58,9 @@ def report(rows: list[dict], meta: dict) -> str:
     mistakes: Counter = Counter()
     who: dict[str, set] = {}
     errors: dict[str, list[str]] = {}  # error -> learners
+    questions = set(meta.get("questions", ()))
     for r in rows:
-        if r["exercise"]:
+        if r["exercise"] and r["exercise"] not in questions:
             exercises.setdefault(r["exercise"], Counter())[r["status"]] += 1
             if r["status"] == "failed" and (m := _mistake(r["message"])):
                 mistakes[(r["exercise"], m)] += 1
@@ -42,29 +68,21 @@ def report(rows: list[dict], meta: dict) -> str:
         if r["status"] == "notebook error":  # the same error of many learners is one line
             where = r["notebook"].rsplit("/", 1)[-1] or "the submission"
             errors.setdefault(f"{where}: {r['message'][:160]}", []).append(r["learner"])
-    lines = [f"# Grades: {meta.get('csv', '')}", "",
+    lines = [f"# Grades: {_cell(meta.get('csv', ''))}", "",
              f"{meta.get('learners', 0)} learners, graded in {meta.get('seconds', 0):.0f} s "
              f"with {meta.get('jobs', 1)} jobs. Sandbox: {meta.get('sandbox', '')}.", "",
-             "## Pass rate per exercise", "",
-             "| exercise | passed | failed | not attempted | delegated | missing | "
-             "notebook error | pass rate |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for ex, c in exercises.items():
-        total = sum(c.values())
-        lines.append(f"| {ex} | {c['passed']} | {c['failed']} | {c['not attempted']} | "
-                     f"{c['delegated']} | {c['missing']} | {c['notebook error']} | "
-                     f"{100 * c['passed'] / total:.0f}% |")
+             "## Pass rate per exercise", "", *_pass_rates(exercises)]
     lines += ["", "## Most common diagnosed mistakes", ""]
     if mistakes:
         for (ex, m), n in mistakes.most_common(TOP):
-            lines.append(f"- **{ex}**, {n} learner{'s' if n > 1 else ''}: {_cell(m)}")
+            lines.append(f"- **{_name(ex)}**, {n} learner{'s' if n > 1 else ''}: {_cell(m)}")
     else:
         lines.append("None: no failed check named a likely mistake.")
     lines += ["", "## Learners with errors", ""]
     if errors:
         for error, learners in sorted(errors.items(), key=lambda e: -len(set(e[1])))[:TOP]:
             names = list(dict.fromkeys(learners))
-            who_ = ", ".join(f"**{n}**" for n in names[:6]) + \
+            who_ = ", ".join(f"**{_cell(n)}**" for n in names[:6]) + \
                 (f" and {len(names) - 6} more" if len(names) > 6 else "")
             lines.append(f"- {who_}: {_cell(error)}")
         if len(errors) > TOP:
@@ -74,5 +92,27 @@ def report(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(path: Path, rows: list[dict], meta: dict) -> None:
-    atomic_write_text(path, report(rows, meta))
+def course_notes(people: list, totals: list[dict]) -> str:
+    """The course's lines: totals, then who is absent, late, not on the roster, or shares a
+    name with another submission."""
+    if not totals:
+        return ""
+    mean = sum(float(t["percent"]) for t in totals) / len(totals)
+    lines = ["", "## The course", "",
+             f"{len(totals)} learners, mean {mean:.1f}% of {totals[0]['maximum']} points; "
+             "each learner's total is in the totals file.", ""]
+    groups = {"Not submitted": [t["learner"] for t in totals if t["submitted"] == "no"],
+              "Late": [f"{t['learner']} ({t['late']})" for t in totals if t["late"]],
+              "Not on the roster (graded, not in the LMS files' roster)":
+                  [p.id for p in people if p.note == "not on the roster"],
+              "Names shared by several submissions (kept apart, not merged)":
+                  [p.id for p in people if p.note.startswith("name shared")]}
+    for title, names in groups.items():
+        if names:
+            lines.append(f"- {title}: " + ", ".join(f"**{_cell(n)}**" for n in names))
+    return "\n".join(lines) + "\n"
+
+
+def write_report(path: Path, rows: list[dict], meta: dict, people: list | None = None,
+                 totals: list[dict] | None = None) -> None:
+    atomic_write_text(path, report(rows, meta) + course_notes(people or [], totals or []))

@@ -158,7 +158,54 @@ def _add_classroom(sub: argparse._SubParsersAction) -> None:
                    help="keep the learners already in the journal next to --out; grade the rest")
     p.add_argument("--memory", type=_positive_float, default=None, metavar="GIB",
                    help="memory limit of each sandboxed process, in GiB (default 2)")
+    p.add_argument("--shard", metavar="K/N", default=None,
+                   help="grade only the K-th of N slices of the class (every N-th learner from "
+                   "the K-th), writing its journal and facts for grade-merge")
+    _add_course_options(p)
     p.set_defaults(func=_cmd_grade)
+    _add_grade_merge(sub)
+
+
+def _add_course_options(p: argparse.ArgumentParser) -> None:
+    """The course's options of `grade` and `grade-merge`: roster, deadline, sheets, files."""
+    g = p.add_argument_group("the course (points come from the teacher's notebooks)")
+    g.add_argument("--roster", metavar="CSV", default=None,
+                   help="the class list: a CSV with an id column (the submission's name) and "
+                   "optional name, email, section, sis_login, canvas_id")
+    g.add_argument("--deadline", metavar="TIME", default=None,
+                   help="when the work is due, ISO 8601 (2026-12-01T23:59, local time unless "
+                   "an offset is given); a submission's time is its file's modification time")
+    g.add_argument("--timestamps", metavar="CSV", default=None,
+                   help="the submission times an LMS exports: a CSV with columns id, submitted")
+    g.add_argument("--late-penalty", type=_fraction, default=None, metavar="F",
+                   help="the fraction of the points lost per day begun late (0.1 for 10%%)")
+    g.add_argument("--late-cutoff", metavar="TIME", default=None,
+                   help="after this time (ISO 8601) late work gets no points")
+    g.add_argument("--written", metavar="CSV", default=None,
+                   help="the sheet of written answers, with the points and comments filled in")
+    g.add_argument("--feedback", metavar="DIR", default=None,
+                   help="write one self-contained HTML page of feedback per learner into DIR")
+    g.add_argument("--export", action="append", choices=["canvas", "moodle"], default=[],
+                   help="write the gradebook import file of this LMS next to --out "
+                   "(repeatable)")
+
+
+def _fraction(s: str) -> float:
+    x = _number(float, 0.0, False, "a fraction from 0 to 1")(s)
+    if x > 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction from 0 to 1, got {s}")
+    return x
+
+
+def _add_grade_merge(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("grade-merge", help="join the shards of a class graded with --shard",
+                       description="Join the journals of the shards graded with grade --shard "
+                       "K/N into the CSV, totals and report one run of grade writes.")
+    p.add_argument("shards", metavar="SHARD_CSV", nargs="+",
+                   help="the --out CSV of each shard (its journal and facts are next to it)")
+    p.add_argument("--out", metavar="CSV", required=True, help="CSV file of grades to write")
+    _add_course_options(p)
+    p.set_defaults(func=_cmd_grade_merge)
 
 
 def _default_prompt(vocab: str) -> str:
@@ -264,11 +311,35 @@ def _cmd_grade(args: argparse.Namespace) -> int:
     from .. import classroom  # written separately; imported only when asked for
 
     given = {"instructor": args.instructor, "jobs": args.jobs, "resume": args.resume or None,
-             "memory": None if args.memory is None else int(args.memory * 2**30)}
+             "memory": None if args.memory is None else int(args.memory * 2**30),
+             "shard": args.shard, **_course_options(args)}
     rows = classroom.grade(Path(args.submissions), Path(args.out), args.timeout,
                            **{k: v for k, v in given.items() if v is not None}) or []
     passed = sum(1 for r in rows if r.get("status") == "passed")
+    if args.shard:
+        print(f"graded shard {args.shard}: {len(rows)} grade row(s), {passed} passed; join the "
+              f"shards with {PROG} grade-merge")
+        return 0
     print(f"wrote {len(rows)} grade row(s), {passed} passed, to {args.out}")
+    return 0
+
+
+def _course_options(args: argparse.Namespace) -> dict:
+    """The course's options as `grade` and `grade_merge` take them (None: not given)."""
+    paths = {k: None if getattr(args, k) is None else Path(getattr(args, k))
+             for k in ("roster", "timestamps", "written", "feedback")}
+    return {**paths, "deadline": args.deadline, "late_penalty": args.late_penalty,
+            "late_cutoff": args.late_cutoff, "export": tuple(args.export) or None}
+
+
+def _cmd_grade_merge(args: argparse.Namespace) -> int:
+    from .. import classroom  # written separately; imported only when asked for
+
+    given = {k: v for k, v in _course_options(args).items() if v is not None}
+    rows = classroom.grade_merge([Path(p) for p in args.shards], Path(args.out), **given)
+    passed = sum(1 for r in rows if r.get("status") == "passed")
+    print(f"joined {len(args.shards)} shard(s): wrote {len(rows)} grade row(s), {passed} "
+          f"passed, to {args.out}")
     return 0
 
 
