@@ -9,7 +9,7 @@ from .check import check_model
 from .checks import check_params, check_targets, check_tokens
 from .config import Config, default_ffn_hidden
 from .params import LAYER_PARAMS, PARAM, PARAMS, init_params, param_shapes, random_params
-from .tokenizer import CharTokenizer
+from .tokenizer import BPETokenizer, CharTokenizer, tokenizer_of
 from .transformer import (
     AttentionBlockCache,
     HeadCache,
@@ -33,11 +33,12 @@ from .transformer import (
 )
 
 __all__ = [
-    "LAYER_PARAMS", "PARAM", "PARAMS", "AttentionBlockCache", "CharTokenizer", "Config",
+    "LAYER_PARAMS", "PARAM", "PARAMS", "AttentionBlockCache", "BPETokenizer", "CharTokenizer",
+    "Config",
     "HeadCache", "LayerCache", "ModelCache", "SwiGLUBlockCache", "attention_block_backward",
     "attention_block_forward", "backward", "check_model", "check_params", "check_targets",
     "check_tokens", "default_ffn_hidden", "forward", "head_backward", "head_forward",
     "init_params", "layer_backward", "layer_forward", "layer_params", "loss_and_grads",
     "merge_heads", "param_shapes", "random_params", "split_heads", "swiglu_block_backward",
-    "swiglu_block_forward",
+    "swiglu_block_forward", "tokenizer_of",
 ]

@@ -30,6 +30,8 @@ class Config:
     norm_eps: float = 1e-5
     attention: str = "plain"  # "flash": blockwise, no (S, S) array (see the memory chapter)
     flash_block: int = 64  # positions per block of the flash attention
+    pad_token_id: int | None = None  # a padding token: out of the loss, its row out of the
+    # embedding's gradient, as transformers' padding_idx (see the chapter "A real LLaMA")
 
     def __post_init__(self) -> None:
         if self.ffn_hidden is None:
@@ -56,6 +58,11 @@ class Config:
             raise ValueError(f"Config.rope_theta must be positive, got {self.rope_theta}")
         if not self.norm_eps > 0:
             raise ValueError(f"Config.norm_eps must be positive, got {self.norm_eps}")
+        pad = self.pad_token_id
+        if pad is not None and (isinstance(pad, bool) or not isinstance(pad, (int, np.integer))
+                                or not 0 <= pad < self.vocab_size):
+            raise ValueError(f"Config.pad_token_id must be None or a token id in "
+                             f"[0, {self.vocab_size}), got {pad!r}")
         if self.attention not in ("plain", "flash"):
             raise ValueError(f"Config.attention must be 'plain' or 'flash', got {self.attention!r}")
 

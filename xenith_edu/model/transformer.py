@@ -312,7 +312,8 @@ def backward(
     B, S = y.shape
 
     # loss = mean -log softmax(logits)[y]
-    loss, dlogits = softmax_cross_entropy(cache.logits, y)  # (B, S, V)
+    # (targets equal to the padding token, if the model has one, count for neither)
+    loss, dlogits = softmax_cross_entropy(cache.logits, y, cfg.pad_token_id)  # (B, S, V)
     dh, grads = head_backward(dlogits.reshape(B * S, -1), cache.head)  # (N, d)
     for name in LAYER_PARAMS:
         grads[name] = empty_like(params[name])  # (L, ...) filled layer by layer
@@ -329,6 +330,8 @@ def backward(
             on_layer(l, grads_l)
     # h = wte[x]: scatter-add into the embedding rows.
     dwte = embedding_backward(dh.reshape(B, S, -1), cache.embedding)  # (V, d)
+    if cfg.pad_token_id is not None:  # transformers' padding_idx: the pad row learns nothing
+        dwte[cfg.pad_token_id] = 0  # from the embedding (tied, it still does as output row)
     if cfg.tie_embeddings:
         grads["wte"] += dwte  # wte is also the output projection: both gradients add
     else:
