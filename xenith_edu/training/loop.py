@@ -69,6 +69,15 @@ def load_data(tc: TrainConfig, ckpt: Checkpoint | None,
         raise ValueError(f"{source}{fit}: {e}") from None
 
 
+def checkpoints(out_dir: str | Path, resume: str | Path | None, overwrite: bool,
+                init: str | Path | None) -> tuple[Path, Checkpoint | None, Checkpoint | None]:
+    """The run directory, the checkpoint to resume and the one to fine-tune (each or None)."""
+    if init is not None and resume is not None:
+        raise ValueError("init starts a new run and resume continues one: give only one")
+    out_dir, ckpt = check_run_dir(out_dir, resume, overwrite), load_resume(resume)
+    return out_dir, ckpt, load_init(init) if init is not None else None
+
+
 def data_and_model(tc: TrainConfig, ckpt: Checkpoint | None, resume: str | Path | None,
                    base: Checkpoint | None, init: str | Path | None) -> tuple:
     """The tokenizer, the training and validation ids, and the model's Config, checked against
@@ -125,17 +134,12 @@ def train(
     tqdm bar (None: only on a terminal). `ranks`: the processes of a data-parallel run
     (`xenith_edu.parallel`), of which rank 0 alone writes. Raises ValueError for bad input
     before any file is written, and TrainingDiverged (leaving the last good checkpoint intact)
-    if the loss stops being finite. `init`: a checkpoint whose weights, model and tokenizer a
-    new run starts from, with fresh AdamW moments (fine-tuning; `tc`'s model settings must be
-    its own: see `finetune.adopt_model`).
+    if the loss stops being finite. `init`: a checkpoint to fine-tune (see `finetune`).
     """
     t_start = time.perf_counter()
     if not isinstance(tc, TrainConfig):  # config and run directory
         raise TypeError(f"tc must be a TrainConfig, got {type(tc).__name__}")
-    if init is not None and resume is not None:
-        raise ValueError("init starts a new run and resume continues one: give only one")
-    out_dir, ckpt = check_run_dir(out_dir, resume, overwrite), load_resume(resume)
-    base = load_init(init) if init is not None else None  # the weights a fine-tuning starts from
+    out_dir, ckpt, base = checkpoints(out_dir, resume, overwrite, init)
     tokenizer, train_ids, val_ids, cfg = data_and_model(tc, ckpt, resume, base, init)
     if ranks is not None:
         ranks.ready(tc)  # every rank has passed the checks above
@@ -175,4 +179,5 @@ def train(
                        time.perf_counter() - t_start, out_dir, comm_ms)
 
 
-__all__ = ["TrainResult", "data_and_model", "evaluate_at", "initial_state", "load_data", "train"]
+__all__ = ["TrainResult", "checkpoints", "data_and_model", "evaluate_at", "initial_state",
+           "load_data", "train"]
