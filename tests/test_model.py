@@ -16,13 +16,17 @@ CONFIGS = {
     "tied-4heads-2layers": dict(n_head=4, n_layer=2, tie_embeddings=True),
     "untied-1head-2layers": dict(n_head=1, n_layer=2, tie_embeddings=False),
     "tied-2heads-3layers": dict(n_head=2, n_layer=3, tie_embeddings=True),
+    # grouped-query attention: two query heads per key/value head, and one key/value head for all
+    "gqa-tied-4heads-2kv": dict(n_head=4, n_layer=2, tie_embeddings=True, n_kv_head=2),
+    "gqa-untied-4heads-1kv": dict(n_head=4, n_layer=2, tie_embeddings=False, n_kv_head=1),
 }
 
 
-def make(rng, tie_embeddings=True, n_head=2, n_layer=2, V=13, d=16, f=24, seq_len=8):
+def make(rng, tie_embeddings=True, n_head=2, n_layer=2, V=13, d=16, f=24, seq_len=8,
+         n_kv_head=None):
     """A small config and non-degenerate float64 params: larger weights, gains away from one."""
     cfg = xe.Config(vocab_size=V, n_embd=d, n_head=n_head, n_layer=n_layer, ffn_hidden=f,
-                    seq_len=seq_len, tie_embeddings=tie_embeddings)
+                    seq_len=seq_len, tie_embeddings=tie_embeddings, n_kv_head=n_kv_head)
     return cfg, random_params(cfg, rng)
 
 
@@ -31,6 +35,7 @@ def reference_logits(params, cfg, x):
     B, S = x.shape
     d, H = cfg.n_embd, cfg.n_head
     hd = d // H
+    group = H // cfg.n_kv_head  # query head j reads key/value head j // group
 
     def rms(u, w):
         return u / np.sqrt(np.mean(u**2, -1, keepdims=True) + cfg.norm_eps) * w
@@ -52,11 +57,12 @@ def reference_logits(params, cfg, x):
         heads = []
         for j in range(H):
             sl = slice(j * hd, (j + 1) * hd)
-            qj, kj = rope(q[..., sl]), rope(k[..., sl])
+            kv = slice(j // group * hd, (j // group + 1) * hd)
+            qj, kj = rope(q[..., sl]), rope(k[..., kv])
             scores = qj @ kj.transpose(0, 2, 1) / np.sqrt(hd)
             scores[:, ~np.tril(np.ones((S, S), bool))] = -np.inf
             p = np.exp(scores - scores.max(-1, keepdims=True))
-            heads.append((p / p.sum(-1, keepdims=True)) @ v[..., sl])
+            heads.append((p / p.sum(-1, keepdims=True)) @ v[..., kv])
         h = h + np.concatenate(heads, -1) @ params["wo"][l]
         x2b = rms(h, params["rms_ffn"][l])
         g = x2b @ params["w1"][l]

@@ -87,9 +87,9 @@ def cmd_from_hf(args: argparse.Namespace) -> int:
                     np.random.default_rng(0), model.config, "", {}, model.tokenizer.spec)
     cfg = model.config
     n = sum(p.size for p in model.params.values())
-    kv = getattr(cfg, "n_kv_head", None) or cfg.n_head
     print(f"wrote {out / CHECKPOINT}: {n:,} parameters, {cfg.n_layer} layers, width "
-          f"{cfg.n_embd}, {cfg.n_head} heads ({kv} key/value), vocabulary {cfg.vocab_size}, "
+          f"{cfg.n_embd}, {cfg.n_head} heads ({cfg.n_kv_head} key/value), vocabulary "
+          f"{cfg.vocab_size}, "
           f"{'tied' if cfg.tie_embeddings else 'untied'}, BPE tokenizer of "
           f"{model.tokenizer.vocab_size} tokens")
     return 0

@@ -15,6 +15,7 @@ from .transformer import (
     HeadCache,
     LayerCache,
     ModelCache,
+    PastKV,
     SwiGLUBlockCache,
     attention_block_backward,
     attention_block_forward,
@@ -34,11 +35,10 @@ from .transformer import (
 
 __all__ = [
     "LAYER_PARAMS", "PARAM", "PARAMS", "AttentionBlockCache", "BPETokenizer", "CharTokenizer",
-    "Config",
-    "HeadCache", "LayerCache", "ModelCache", "SwiGLUBlockCache", "attention_block_backward",
-    "attention_block_forward", "backward", "check_model", "check_params", "check_targets",
-    "check_tokens", "default_ffn_hidden", "forward", "head_backward", "head_forward",
-    "init_params", "layer_backward", "layer_forward", "layer_params", "loss_and_grads",
-    "merge_heads", "param_shapes", "random_params", "split_heads", "swiglu_block_backward",
-    "swiglu_block_forward", "tokenizer_of",
+    "Config", "HeadCache", "LayerCache", "ModelCache", "PastKV", "SwiGLUBlockCache",
+    "attention_block_backward", "attention_block_forward", "backward", "check_model",
+    "check_params", "check_targets", "check_tokens", "default_ffn_hidden", "forward",
+    "head_backward", "head_forward", "init_params", "layer_backward", "layer_forward",
+    "layer_params", "loss_and_grads", "merge_heads", "param_shapes", "random_params",
+    "split_heads", "swiglu_block_backward", "swiglu_block_forward", "tokenizer_of",
 ]

@@ -37,13 +37,14 @@ from .config import Config
 from .params import LAYER_PARAMS, param_shapes
 
 __all__ = [
-    "AttentionBlockCache", "HeadCache", "LayerCache", "ModelCache", "SwiGLUBlockCache",
+    "AttentionBlockCache", "HeadCache", "LayerCache", "ModelCache", "PastKV", "SwiGLUBlockCache",
     "attention_block_backward", "attention_block_forward", "backward", "forward", "head_backward",
     "head_forward", "layer_backward", "layer_forward", "layer_params", "loss_and_grads",
     "merge_heads", "split_heads", "swiglu_block_backward", "swiglu_block_forward",
 ]
 
 # Shape legend: B batch, S positions, N = B*S, d width, H heads, hd = d // H head width,
+# Hkv key/value heads (grouped-query attention; Hkv = H without it), dkv = Hkv * hd,
 # f SwiGLU hidden, V vocab, L layers. The residual stream h is kept flat as (N, d).
 
 
@@ -72,42 +73,60 @@ class AttentionBlockCache(NamedTuple):
 
     norm: RMSNormCache  # xb = rmsnorm(h, rms_attn): xhat, rstd and the gain
     qkv: LinearCache  # qkv = xb @ [wq | wk | wv]: both factors of the one fused product
-    rope: RopeCache  # q, k = rope(q), rope(k): the tables repeated for 2H heads (S, d), to rotate
-    # dq and dk back
+    rope: RopeCache  # q, k = rope(q), rope(k): the tables repeated for the H + Hkv heads
+    # (S, d + dkv), to rotate dq and dk back
     attention: AttentionCache | FlashCache  # a = attention(q, k, v): rotated q, k, v and the
     # weights (B, H, S, S), or with flash attention the output and its log-sum-exp (B, H, S)
     out: LinearCache  # out = merge_heads(a) @ wo: both factors
 
 
+class PastKV(NamedTuple):
+    """One layer's key/value cache while decoding: what later positions' queries read.
+
+    The block writes the rotated keys and the values of its T new positions at [pos, pos + T)
+    and its queries attend to [0, pos + T). Nothing else of a past position is read again.
+    """
+
+    k: np.ndarray  # (B, Hkv, C, hd) rotated keys, positions [0, pos) already filled
+    v: np.ndarray  # (B, Hkv, C, hd) values
+    pos: int  # the position of the first new token
+
+
 def attention_block_forward(
-    h: np.ndarray, p: dict, cfg: Config, cos: np.ndarray, sin: np.ndarray
+    h: np.ndarray, p: dict, cfg: Config, cos: np.ndarray, sin: np.ndarray,
+    past: PastKV | None = None,
 ) -> tuple[np.ndarray, AttentionBlockCache]:
     """The attention branch of one layer: merge_heads(attention(rope(q), rope(k), v)) @ wo,
     with q, k, v the products of rmsnorm(h, rms_attn) with wq, wk and wv.
 
     h is the stream (N, d), N = B*S; p the layer's parameters (`layer_params`); cos and sin
-    the RoPE tables of exactly the S positions, (S, hd/2), or repeated for the 2H heads of q and
-    k, (S, d), as `forward` passes them. Returns `(out, cache)`, out (N, d).
+    the RoPE tables of the S positions, (S, hd/2) as `rope_tables` makes them. Query head j
+    reads key/value head j // (H // Hkv). With `past` (decoding), the S positions come after
+    `past.pos` earlier ones whose keys and values `past` holds. Returns `(out, cache)`, out
+    (N, d).
     """
-    S, H, d = cos.shape[0], cfg.n_head, h.shape[1]
-    B = h.shape[0] // S
+    S, H, Hkv, d, dkv = cos.shape[0], cfg.n_head, cfg.n_kv_head, h.shape[1], cfg.kv_dim
+    B, w = h.shape[0] // S, d + 2 * dkv
     xb, norm = rmsnorm_forward(h, p["rms_attn"], cfg.norm_eps)  # (N, d)
     # q, k, v = xb @ wq, xb @ wk, xb @ wv, as one product with [wq | wk | wv]
-    wqkv = np.concatenate((p["wq"], p["wk"], p["wv"]), axis=1, out=empty((d, 3 * d), h.dtype))
-    qkv, qkv_cache = linear_forward(xb, wqkv)  # (N, 3d)
+    wqkv = np.concatenate((p["wq"], p["wk"], p["wv"]), axis=1, out=empty((d, w), h.dtype))
+    qkv, qkv_cache = linear_forward(xb, wqkv)  # (N, d + 2dkv)
     # q, k = rope(q), rope(k), all heads in one pass over the rows as the product left them:
-    # a row's q and k columns are 2H heads side by side, and the tables repeated 2H times give
-    # pair j the angle of pair j mod hd/2. (Rotating head by head, over (B, 2H, S, hd) views,
-    # gives the same numbers in loops of hd/2 pairs: 2.5 times slower.)
-    if cos.shape[1] != d:  # the tables of one head (S, hd/2); `forward` passes them repeated
-        cos, sin = np.tile(cos, 2 * H), np.tile(sin, 2 * H)  # (S, d) each
-    qk, rope = rope_forward(qkv.reshape(B, S, 3 * d)[:, :, : 2 * d], cos, sin)  # (B, S, 2d)
-    qk = split_heads(qk.reshape(B * S, 2 * d), B, S, 2 * H)  # (B, 2H, S, hd) rope(q), rope(k)
-    q, k = qk[:, :H], qk[:, H:]  # (B, H, S, hd) each, views
-    v = split_heads(qkv, B, S, 3 * H)[:, 2 * H :]  # (B, H, S, hd), a view
-    if cfg.attention == "flash":  # the same values, without the (S, S) weights
+    # a row's q and k columns are H + Hkv heads side by side, and the tables repeated H + Hkv
+    # times give pair j the angle of pair j mod hd/2. (Rotating head by head, over
+    # (B, H + Hkv, S, hd) views, gives the same numbers in loops of hd/2 pairs: slower.)
+    cos, sin = np.tile(cos, H + Hkv), np.tile(sin, H + Hkv)  # (S, d + dkv) each
+    qk, rope = rope_forward(qkv.reshape(B, S, w)[:, :, : d + dkv], cos, sin)  # (B, S, d + dkv)
+    qk = split_heads(qk.reshape(B * S, d + dkv), B, S, H + Hkv)  # (B, H + Hkv, S, hd)
+    q, k = qk[:, :H], qk[:, H:]  # (B, H, S, hd) and (B, Hkv, S, hd), views
+    v = split_heads(qkv, B, S, H + 2 * Hkv)[:, H + Hkv :]  # (B, Hkv, S, hd), a view
+    if past is not None:  # decoding: keep the new keys and values, attend to all so far
+        P = past.pos + S
+        past.k[:, :, past.pos : P], past.v[:, :, past.pos : P] = k, v
+        k, v = past.k[:, :, :P], past.v[:, :, :P]  # (B, Hkv, P, hd) every position so far
+    if cfg.attention == "flash" and past is None:  # the same values, without (S, S) weights
         a, attention = flash_attention_forward(q, k, v, cfg.flash_block)  # (B, H, S, hd)
-    else:
+    else:  # (decoding's weights are (S, P), one row per new position: the plain form)
         a, attention = causal_attention_forward(q, k, v)  # (B, H, S, hd)
     out, out_cache = linear_forward(merge_heads(a), p["wo"])  # (N, d)
     return out, AttentionBlockCache(norm, qkv_cache, rope, attention, out_cache)
@@ -119,29 +138,31 @@ def attention_block_backward(
     """The attention branch in reverse: `(dh, grads)` given dout (N, d), where dh (N, d) is the
     branch's part of the stream's gradient and grads holds rms_attn, wq, wk, wv and wo."""
     B, H, S, hd = cache.attention.q.shape
+    Hkv = cache.attention.k.shape[1]
+    d, dkv = H * hd, Hkv * hd
     # out = merge_heads(a) @ wo
     dam, dwo = linear_backward(dout, cache.out)  # (N, d), (d, d)
     da = split_heads(dam, B, S, H)  # (B, H, S, hd)
-    # a = attention(q, k, v)
+    # a = attention(q, k, v): dk and dv (B, Hkv, S, hd) sum the gradients of the query heads
+    # that read each key/value head
     if isinstance(cache.attention, FlashCache):
-        dq, dk, dv = flash_attention_backward(da, cache.attention)  # (B, H, S, hd) each
+        dq, dk, dv = flash_attention_backward(da, cache.attention)
     else:
-        dq, dk, dv = causal_attention_backward(da, cache.attention)  # (B, H, S, hd) each
+        dq, dk, dv = causal_attention_backward(da, cache.attention)
     # q, k, v = the heads of xb @ [wq | wk | wv]: their gradients go into the heads of the
-    # fused product's gradient [dq | dk | dv] (N, 3d)
-    d = H * hd
-    dqkv = empty((B * S, 3 * d), dout.dtype)  # (N, 3d)
-    dheads = split_heads(dqkv, B, S, 3 * H)  # (B, 3H, S, hd) a view of dqkv
+    # fused product's gradient [dq | dk | dv] (N, d + 2dkv)
+    dqkv = empty((B * S, d + 2 * dkv), dout.dtype)  # (N, d + 2dkv)
+    dheads = split_heads(dqkv, B, S, H + 2 * Hkv)  # (B, H + 2Hkv, S, hd) a view of dqkv
     np.copyto(dheads[:, :H], dq)
-    np.copyto(dheads[:, H : 2 * H], dk)
-    np.copyto(dheads[:, 2 * H :], dv)
+    np.copyto(dheads[:, H : H + Hkv], dk)
+    np.copyto(dheads[:, H + Hkv :], dv)
     # q, k = rope(q), rope(k): rotate dq and dk back by the opposite angles, in place, all heads
     # in one pass over the rows, as the forward rotated them
-    dqk = dqkv.reshape(B, S, 3 * d)[:, :, : 2 * d]  # (B, S, 2d) a view of dqkv
+    dqk = dqkv.reshape(B, S, d + 2 * dkv)[:, :, : d + dkv]  # (B, S, d + dkv) a view of dqkv
     rope_backward(dqk, cache.rope, out=dqk)
     # qkv = xb @ [wq | wk | wv]: xb fans out to q, k and v, so dxb sums the three paths.
-    dxb, dwqkv = linear_backward(dqkv, cache.qkv)  # (N, d), (d, 3d)
-    dwq, dwk, dwv = dwqkv[:, :d], dwqkv[:, d : 2 * d], dwqkv[:, 2 * d :]  # (d, d) each, views
+    dxb, dwqkv = linear_backward(dqkv, cache.qkv)  # (N, d), (d, d + 2dkv)
+    dwq, dwk, dwv = dwqkv[:, :d], dwqkv[:, d : d + dkv], dwqkv[:, d + dkv :]  # views
     # xb = rmsnorm(h, rms_attn)
     dh, drms = rmsnorm_backward(dxb, cache.norm)  # (N, d), (d,)
     return dh, {"rms_attn": drms, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo}
@@ -189,10 +210,13 @@ class LayerCache(NamedTuple):
 
 
 def layer_forward(
-    h: np.ndarray, p: dict, cfg: Config, cos: np.ndarray, sin: np.ndarray
+    h: np.ndarray, p: dict, cfg: Config, cos: np.ndarray, sin: np.ndarray,
+    past: PastKV | None = None,
 ) -> tuple[np.ndarray, LayerCache]:
-    """One layer on the stream h (N, d): each block reads it and adds its output back."""
-    out, attn = attention_block_forward(h, p, cfg, cos, sin)  # (N, d)
+    """One layer on the stream h (N, d): each block reads it and adds its output back.
+
+    cos, sin (S, hd/2) and `past` (decoding) as `attention_block_forward` takes them."""
+    out, attn = attention_block_forward(h, p, cfg, cos, sin, past)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection h + out (out is ours: its memory is reused)
     out, ffn = swiglu_block_forward(h, p, cfg)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection
@@ -257,8 +281,8 @@ class ModelCache(NamedTuple):
 
     x: np.ndarray  # (B, S) the tokens: the targets must have their shape
     embedding: EmbeddingCache  # h = wte[x]
-    cos: np.ndarray  # (S, d) the RoPE tables in the parameters' dtype, repeated for the 2H heads
-    sin: np.ndarray  # (S, d) of q and k (see attention_block_forward): to recompute a layer
+    cos: np.ndarray  # (S, hd/2) the RoPE tables in the parameters' dtype: to recompute a layer
+    sin: np.ndarray  # (S, hd/2)
     layers: list[LayerCache]  # one cache per layer, in forward order
     layer_inputs: list[np.ndarray]  # (N, d) per layer, kept instead when recomputing
     head: HeadCache
@@ -276,9 +300,8 @@ def forward(
     dtype = check_params(params, cfg)
     x = check_tokens("x", x, cfg)
     B, S = x.shape
-    cos, sin = rope_tables(S, cfg.head_dim, cfg.rope_theta)  # (S, hd/2)
-    # repeated for the 2H heads of q and k, side by side in a row (see attention_block_forward)
-    cos, sin = (np.tile(t.astype(dtype), 2 * cfg.n_head) for t in (cos, sin))  # (S, d) each
+    cos, sin = (t.astype(dtype) for t in rope_tables(S, cfg.head_dim, cfg.rope_theta))  # (S,
+    # hd/2) each
 
     h, embedding = embedding_forward(params["wte"], x)  # (B, S, d)
     h = h.reshape(B * S, cfg.n_embd)  # (N, d) the residual stream

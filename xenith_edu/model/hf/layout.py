@@ -19,11 +19,6 @@ INT_FIELDS = {"vocab_size": "vocab_size", "hidden_size": "n_embd",
 IGNORED = ("rotary_emb.inv_freq",)  # buffers older checkpoints store: recomputed, not learned
 
 
-def kv_heads(cfg: Config) -> int:
-    """Hkv: the key/value heads of grouped-query attention (H when the model has none)."""
-    return getattr(cfg, "n_kv_head", None) or cfg.n_head
-
-
 def _refuse(field: str, value: object, why: str) -> ValueError:
     return ValueError(f"config.json field {field} = {value!r}: {why}; nothing was written")
 
@@ -83,12 +78,10 @@ def config_from_hf(hf: object) -> Config:
     if pad is not None and not (isinstance(pad, int) and not isinstance(pad, bool)
                                 and 0 <= pad < sizes["vocab_size"]):
         pad = None  # a pad id outside the table (some files say -1): the table has no pad row
-    extra = {} if hkv == H else {"n_kv_head": hkv}
-    if pad is not None:
-        extra["pad_token_id"] = pad
     try:
-        return Config(**sizes, tie_embeddings=tie, rope_theta=_rope_theta(hf),
-                      norm_eps=float(_number(hf, "rms_norm_eps", float, 1e-6)), **extra)
+        return Config(**sizes, n_kv_head=hkv, tie_embeddings=tie, rope_theta=_rope_theta(hf),
+                      norm_eps=float(_number(hf, "rms_norm_eps", float, 1e-6)),
+                      pad_token_id=pad)
     except (TypeError, ValueError) as e:
         raise ValueError(f"config.json describes a model the book's cannot be: {e}") from None
 
@@ -97,10 +90,10 @@ def config_to_hf(cfg: Config) -> dict:
     """The config.json of `cfg` for transformers' LlamaForCausalLM."""
     out = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
            "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-           "num_key_value_heads": kv_heads(cfg), "head_dim": cfg.head_dim,
+           "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.head_dim,
            "tie_word_embeddings": cfg.tie_embeddings, "rms_norm_eps": cfg.norm_eps,
            "rope_theta": cfg.rope_theta, "rope_scaling": None,
-           "pad_token_id": getattr(cfg, "pad_token_id", None), "torch_dtype": "float32"}
+           "pad_token_id": cfg.pad_token_id, "torch_dtype": "float32"}
     out.update({key: getattr(cfg, ours) for key, ours in INT_FIELDS.items()})
     return out
 
@@ -134,7 +127,7 @@ def _to_ours(name: str, w: np.ndarray, cfg: Config) -> np.ndarray:
     if name == "wq":
         w = w[pair_rows(cfg.n_head, cfg.head_dim)]
     elif name == "wk":
-        w = w[pair_rows(kv_heads(cfg), cfg.head_dim)]
+        w = w[pair_rows(cfg.n_kv_head, cfg.head_dim)]
     return w.T if w.ndim == 2 and name not in ("wte", "lm_head") else w
 
 
@@ -184,7 +177,7 @@ def params_to_hf(params: dict[str, np.ndarray], cfg: Config) -> dict[str, np.nda
         if w.ndim == 2 and ours not in ("wte", "lm_head"):
             w = w.T  # (in, out) -> (out, in)
         if ours in ("wq", "wk"):
-            rows = pair_rows(cfg.n_head if ours == "wq" else kv_heads(cfg), cfg.head_dim)
+            rows = pair_rows(cfg.n_head if ours == "wq" else cfg.n_kv_head, cfg.head_dim)
             w = w[np.argsort(rows)]  # the inverse permutation: back to rotate-half pairs
         out[key] = np.ascontiguousarray(w)
     return out
