@@ -36,6 +36,7 @@ from .embedding import (
     check_tied_wte_grad,
 )
 from .engine import GRADE_LOG_ENV, check, judge
+from .llama import check_padded_cross_entropy, check_wk_from_hf
 from .memory import (
     check_kv_cache_budget,
     check_softmax_merge,
@@ -136,4 +137,6 @@ __all__ = [
     "check_global_gradient",
     "check_ring_allreduce_bytes",
     "check_wq_from_rotate_half",
+    "check_padded_cross_entropy",
+    "check_wk_from_hf",
 ]
