@@ -78,10 +78,10 @@ def config_from_hf(hf: object) -> Config:
     if pad is not None and not (isinstance(pad, int) and not isinstance(pad, bool)
                                 and 0 <= pad < sizes["vocab_size"]):
         pad = None  # a pad id outside the table (some files say -1): the table has no pad row
+    theta, eps = _rope_theta(hf), float(_number(hf, "rms_norm_eps", float, 1e-6))
     try:
-        return Config(**sizes, n_kv_head=hkv, tie_embeddings=tie, rope_theta=_rope_theta(hf),
-                      norm_eps=float(_number(hf, "rms_norm_eps", float, 1e-6)),
-                      pad_token_id=pad)
+        return Config(**sizes, n_kv_head=hkv, tie_embeddings=tie, rope_theta=theta,
+                      norm_eps=eps, pad_token_id=pad)
     except (TypeError, ValueError) as e:
         raise ValueError(f"config.json describes a model the book's cannot be: {e}") from None
 
