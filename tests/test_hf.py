@@ -216,7 +216,7 @@ def test_damaged_safetensors_is_one_line(tmp_path, damage, message):
     assert "\n" not in str(e.value) and str(path) in str(e.value)
 
 
-@settings(max_examples=80, deadline=None, derandomize=True,
+@settings(max_examples=80, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzzed_safetensors_is_read_or_refused(tmp_path, data):

@@ -56,7 +56,7 @@ def add_run_argument(p: argparse.ArgumentParser) -> None:
 
 def fine_tune_config(args: argparse.Namespace, tc, out):
     """The TrainConfig and run folder of `train --init`: the model is the checkpoint's."""
-    from ..training.finetune import MODEL_FIELDS, adopt_model, load_init
+    from ..training.finetune import MODEL_FIELDS, adopt_model, load_init  # on use: --init
 
     if args.resume is not None:
         raise settings.UsageError("--init starts a new run and --resume continues one: give "
@@ -73,6 +73,7 @@ def fine_tune_config(args: argparse.Namespace, tc, out):
 
 
 def cmd_from_hf(args: argparse.Namespace) -> int:
+    # the command's modules, loaded when it runs (the parser alone needs none of them)
     from ..model.hf import read_hf
     from ..training.checkpoint import save_checkpoint
     from ..training.runlog import CHECKPOINT, check_run_dir
@@ -96,6 +97,7 @@ def cmd_from_hf(args: argparse.Namespace) -> int:
 
 
 def cmd_to_hf(args: argparse.Namespace) -> int:
+    # the command's modules, loaded when it runs (the parser alone needs none of them)
     from ..model.hf import write_hf
     from ..training.checkpoint import load_checkpoint
 
@@ -116,7 +118,7 @@ def cmd_to_hf(args: argparse.Namespace) -> int:
 
 def gradcheck_run(args: argparse.Namespace):
     """The config, float64 weights and a few random tokens (no padding token) of a run."""
-    from ..training.checkpoint import load_checkpoint
+    from ..training.checkpoint import load_checkpoint  # on use: gradcheck --run
 
     ckpt = load_checkpoint(args.run)
     cfg = ckpt.config
