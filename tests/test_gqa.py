@@ -184,3 +184,13 @@ def test_recompute_gives_the_same_bits_with_grouped_heads(rng, attention: str) -
     assert loss == loss_r
     for name in grads:
         np.testing.assert_array_equal(grads[name], grads_r[name])
+
+
+def test_one_rope_table_shape_shared_by_every_layer(rng) -> None:
+    """forward makes the (S, (d + dkv)/2) tables once; every layer's RoPE cache holds those."""
+    cfg, params, x, _ = _model(rng, 2)
+    _, cache = xe.forward(params, cfg, x)
+    S = x.shape[1]
+    assert cache.cos.shape == cache.sin.shape == (S, (cfg.n_embd + cfg.kv_dim) // 2)
+    for layer in cache.layers:
+        assert layer.attn.rope.cos is cache.cos and layer.attn.rope.sin is cache.sin
