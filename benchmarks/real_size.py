@@ -7,7 +7,8 @@ The weights are random (nothing is downloaded): the step's cost does not depend 
 Each library runs in its own process (their thread pools would fight over the cores in one),
 with the same weights, tokens and thread count; rounds alternate so that a noisy neighbour
 hurts both alike, and medians compare. Peak memory is the process's resident peak during the
-timed steps (Linux's VmHWM, reset once the weights are built), and above the weights.
+timed steps (Linux's VmHWM, reset once the weights are built), and above the weights. The
+processes' CPU seconds per step are reported too: steadier than wall time on a busy machine.
 Run: python benchmarks/real_size.py [--rounds 3] [--steps 2] [--threads 2] [--json]
 """
 
@@ -123,14 +124,16 @@ def child(lib: str, steps: int, warmup: int, threads: int) -> dict:
     step = numpy_step(params, x, y) if lib == "numpy" else torch_step(params, x, y, threads)
     weights = rss_mib("VmRSS")
     reset_peak()
-    times = []
+    times, cpu = [], []
     for i in range(warmup + steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = step()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     peak = rss_mib("VmHWM")
-    return {"lib": lib, "step_s": statistics.median(times), "loss": loss,
+    return {"lib": lib, "step_s": statistics.median(times), "cpu_s": statistics.median(cpu),
+            "loss": loss,
             "weights_rss_mib": round(weights, 1), "peak_rss_mib": round(peak, 1),
             "peak_above_weights_mib": round(peak - weights, 1)}
 
@@ -146,13 +149,14 @@ def run_child(lib: str, args: argparse.Namespace) -> dict:
 
 def summary(results: dict[str, list[dict]]) -> dict:
     med = {lib: {f: statistics.median(r[f] for r in rs) for f in
-                 ("step_s", "peak_rss_mib", "peak_above_weights_mib", "weights_rss_mib")}
+                 ("step_s", "cpu_s", "peak_rss_mib", "peak_above_weights_mib", "weights_rss_mib")}
            for lib, rs in results.items()}
     n, t = med["numpy"], med["torch"]
     return {"config": {"d": CFG.n_embd, "H": CFG.n_head, "Hkv": CFG.n_kv_head,
                        "L": CFG.n_layer, "f": CFG.ffn_hidden, "V": CFG.vocab_size, "S": S,
                        "B": B, "tied": CFG.tie_embeddings},
             "median": med, "ratio_numpy_over_torch": round(n["step_s"] / t["step_s"], 3),
+            "cpu_ratio_numpy_over_torch": round(n["cpu_s"] / t["cpu_s"], 3),
             "peak_ratio": round(n["peak_rss_mib"] / t["peak_rss_mib"], 3),
             "losses": {lib: [r["loss"] for r in rs] for lib, rs in results.items()},
             "rounds": {lib: [round(r["step_s"], 3) for r in rs] for lib, rs in results.items()}}
@@ -175,9 +179,10 @@ def main() -> None:
         for lib in results:
             results[lib].append(run_child(lib, args))
             res = results[lib][-1]
-            print(f"round {r + 1} {lib:6s} step {res['step_s']:.3f} s  peak "
-                  f"{res['peak_rss_mib']:.0f} MiB ({res['peak_above_weights_mib']:.0f} above "
-                  f"the weights)  loss {res['loss']:.5f}", file=sys.stderr, flush=True)
+            print(f"round {r + 1} {lib:6s} step {res['step_s']:.3f} s (cpu "
+                  f"{res['cpu_s']:.3f} s)  peak {res['peak_rss_mib']:.0f} MiB "
+                  f"({res['peak_above_weights_mib']:.0f} above the weights)  loss "
+                  f"{res['loss']:.5f}", file=sys.stderr, flush=True)
     out = summary(results)
     print(json.dumps(out) if args.json else json.dumps(out, indent=1))
 
