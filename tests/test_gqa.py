@@ -90,6 +90,19 @@ def test_equals_the_expanded_heads(rng, kind: str, H: int, Hkv: int, S: int) -> 
 
 
 @pytest.mark.parametrize("kind", ["plain", "flash"])
+def test_agrees_with_the_chapter_exercise_s_reference(rng, kind: str) -> None:
+    """The attention chapter's grouped-query exercise builds its answer independently, by
+    repeating the heads and folding their gradients: the components must give the same."""
+    from xenith_edu.exercises.attention import gqa_backward64
+
+    fwd, bwd = _attention(kind)
+    q, k, v, dout = _qkv(rng, H=6, Hkv=3, S=8)
+    want = gqa_backward64(dout, q, k, v)
+    for name, got in zip(("dq", "dk", "dv"), bwd(dout, fwd(q, k, v)[1]), strict=True):
+        np.testing.assert_allclose(got, want[name], rtol=1e-12, atol=1e-13, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["plain", "flash"])
 @pytest.mark.parametrize(("H", "Hkv"), [(6, 2), (4, 1), (2, 2)])
 def test_gradients_against_finite_differences(rng, kind: str, H: int, Hkv: int) -> None:
     fwd, bwd = _attention(kind)
