@@ -4,13 +4,16 @@ The whole backward pass chapter assembles it from the component chapters, as llm
 `gpt2_forward` and `gpt2_backward` do: paired block functions, each `*_forward -> (out, cache)`
 and `*_backward(dout, cache) -> (din, grads)`; `forward` calls them layer by layer, `backward`
 in reverse, and each cache is a NamedTuple that keeps what its backward needs and no more.
+Grouped-query attention (`Config.n_kv_head` < `n_head`, as SmolLM and Llama 3) narrows wk and
+wv; the attention components share each key/value head among its query heads.
 
-Where inputs are checked: at the boundaries only. `Config` checks the sizes; `forward`,
-`backward` and `loss_and_grads` check the parameters (keys, shapes, one float32 or float64
-dtype) and the tokens (integer ids in [0, V), shape (B, S) with S <= seq_len, targets shaped
-like the inputs); the command line and `load_checkpoint` check what they read. The component
-functions (softmax_ce, swiglu, rmsnorm, attention, rope, embedding, linear) and the block
-functions below trust their inputs: they do the arithmetic and nothing else.
+Where inputs are checked: at the boundaries only. `Config` checks the sizes (with the head
+counts and the flash block size); `forward`, `backward` and `loss_and_grads` check the
+parameters (keys, shapes, one float32 or float64 dtype) and the tokens (integer ids in [0, V),
+shape (B, S) with S <= seq_len, targets shaped like the inputs); the command line and
+`load_checkpoint` check what they read. The component functions (softmax_ce, swiglu, rmsnorm,
+attention, flash_attention, rope, embedding, linear) and the block functions below trust their
+inputs: they do the arithmetic and nothing else.
 
 Speed: the large arrays come from `xenith_edu.tools.workspace`, which reuses them from one call
 to the next (no page faults, no process setting); benchmarks/README.md has the measured figures.
