@@ -97,9 +97,9 @@ def causal_attention_backward(
     """
     q, k, v, att = cache
     B, H, Sq, hd = q.shape
-    Hkv = k.shape[1]
+    Hkv, Sk = k.shape[1], k.shape[2]
     scale = q.dtype.type(1.0 / np.sqrt(hd))
-    att = att.reshape(B, Hkv, -1, att.shape[-1])  # (B, Hkv, G*Sq, Sk) a view
+    att = att.reshape(B, Hkv, -1, Sk)  # (B, Hkv, G*Sq, Sk) a view
     dout = dout.reshape(B, Hkv, -1, hd)  # (B, Hkv, G*Sq, hd), a view when G = 1
     # out = att @ v
     datt = np.matmul(dout, np.swapaxes(v, -1, -2), out=empty_like(att))  # (B, Hkv, G*Sq, Sk)
