@@ -90,6 +90,19 @@ def test_equals_the_expanded_heads(rng, kind: str, H: int, Hkv: int, S: int) -> 
 
 
 @pytest.mark.parametrize("kind", ["plain", "flash"])
+def test_agrees_with_the_chapter_exercise_s_reference(rng, kind: str) -> None:
+    """The attention chapter's grouped-query exercise builds its answer independently, by
+    repeating the heads and folding their gradients: the components must give the same."""
+    from xenith_edu.exercises.attention import gqa_backward64
+
+    fwd, bwd = _attention(kind)
+    q, k, v, dout = _qkv(rng, H=6, Hkv=3, S=8)
+    want = gqa_backward64(dout, q, k, v)
+    for name, got in zip(("dq", "dk", "dv"), bwd(dout, fwd(q, k, v)[1]), strict=True):
+        np.testing.assert_allclose(got, want[name], rtol=1e-12, atol=1e-13, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["plain", "flash"])
 @pytest.mark.parametrize(("H", "Hkv"), [(6, 2), (4, 1), (2, 2)])
 def test_gradients_against_finite_differences(rng, kind: str, H: int, Hkv: int) -> None:
     fwd, bwd = _attention(kind)
@@ -184,3 +197,13 @@ def test_recompute_gives_the_same_bits_with_grouped_heads(rng, attention: str) -
     assert loss == loss_r
     for name in grads:
         np.testing.assert_array_equal(grads[name], grads_r[name])
+
+
+def test_one_rope_table_shape_shared_by_every_layer(rng) -> None:
+    """forward makes the (S, (d + dkv)/2) tables once; every layer's RoPE cache holds those."""
+    cfg, params, x, _ = _model(rng, 2)
+    _, cache = xe.forward(params, cfg, x)
+    S = x.shape[1]
+    assert cache.cos.shape == cache.sin.shape == (S, (cfg.n_embd + cfg.kv_dim) // 2)
+    for layer in cache.layers:
+        assert layer.attn.rope.cos is cache.cos and layer.attn.rope.sin is cache.sin

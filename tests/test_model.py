@@ -271,7 +271,7 @@ def test_blocks_compose_into_forward_and_backward(rng):
     """forward is embedding, layer_forward per layer and head_forward; backward their reverse."""
     cfg, params = make(rng, tie_embeddings=False)
     x, y = rng.integers(0, cfg.vocab_size, (2, 6)), rng.integers(0, cfg.vocab_size, (2, 6))
-    cos, sin = xe.rope.rope_tables(6, cfg.head_dim, cfg.rope_theta)
+    cos, sin = model.qk_rope_tables(cfg, 6, np.float64)  # (S, (d + dkv)/2), the one shape
     h = params["wte"][x].reshape(12, -1)
     layers = []
     for l in range(cfg.n_layer):

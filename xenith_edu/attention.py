@@ -1,6 +1,11 @@
 """Causal scaled dot-product attention over all heads at once, forward and backward.
+The fast form, with grouped-query attention; the "Causal attention" chapter has the readable one.
 
-The causal attention chapter derives the backward, with the softmax's vector-Jacobian product.
+This module is what the model runs: every head in one batched product, a kept causal mask, the
+workspace's reused arrays, the query heads of a key/value group stacked into one product. The
+chapter derives the same backward, with the softmax's vector-Jacobian product, first one head at
+a time in loops and then on all heads in a few lines (`attention_forward`, `attention_backward`
+in notebooks/attention.ipynb); its exercises check a learner's version against this module.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from numpy.lib.stride_tricks import as_strided
 
 from .tools.workspace import empty, empty_like
 
-# Shape legend: B batch, H heads, S positions, hd head width.
+# Shape legend: B batch, H query heads, Hkv key/value heads (Hkv divides H; Hkv = H without
+# grouped-query attention), G = H // Hkv, Sq query and Sk key positions (Sq = Sk = S in
+# training), hd head width.
 
 
 class AttentionCache(NamedTuple):
@@ -90,9 +97,9 @@ def causal_attention_backward(
     """
     q, k, v, att = cache
     B, H, Sq, hd = q.shape
-    Hkv = k.shape[1]
+    Hkv, Sk = k.shape[1], k.shape[2]
     scale = q.dtype.type(1.0 / np.sqrt(hd))
-    att = att.reshape(B, Hkv, -1, att.shape[-1])  # (B, Hkv, G*Sq, Sk) a view
+    att = att.reshape(B, Hkv, -1, Sk)  # (B, Hkv, G*Sq, Sk) a view
     dout = dout.reshape(B, Hkv, -1, hd)  # (B, Hkv, G*Sq, hd), a view when G = 1
     # out = att @ v
     datt = np.matmul(dout, np.swapaxes(v, -1, -2), out=empty_like(att))  # (B, Hkv, G*Sq, Sk)

@@ -1,6 +1,11 @@
 """Causal attention without the (S, S) matrix: the blockwise online softmax, forward and backward.
+The fast form, with grouped-query attention; the readable form is the memory chapter's, one head.
 
-See the chapter "Memory: attention without the S×S matrix"; the plain version is in `attention`.
+The chapter "Memory: attention without the S×S matrix" writes the same algorithm for one head
+with plain loops (`flash_forward_head`, `flash_backward_head` in notebooks/memory.ipynb); this
+module runs it on every head at once, the query heads of a key/value group side by side, and is
+what the model calls with `Config(attention="flash")`. The plain version is in `attention`.
+It trusts its inputs: the block size comes from `Config.flash_block`, checked there.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from .transformer import (
     layer_params,
     loss_and_grads,
     merge_heads,
+    qk_rope_tables,
     split_heads,
     swiglu_block_backward,
     swiglu_block_forward,
@@ -39,6 +40,7 @@ __all__ = [
     "attention_block_backward", "attention_block_forward", "backward", "check_model",
     "check_params", "check_targets", "check_tokens", "default_ffn_hidden", "forward",
     "head_backward", "head_forward", "init_params", "layer_backward", "layer_forward",
-    "layer_params", "loss_and_grads", "merge_heads", "param_shapes", "random_params",
-    "split_heads", "swiglu_block_backward", "swiglu_block_forward", "tokenizer_of",
+    "layer_params", "loss_and_grads", "merge_heads", "qk_rope_tables", "param_shapes",
+    "random_params", "split_heads", "swiglu_block_backward", "swiglu_block_forward",
+    "tokenizer_of",
 ]

@@ -15,11 +15,17 @@ from typing import NamedTuple
 import numpy as np
 
 from ..embedding import embedding_forward
-from ..rope import rope_tables
 from .checks import check_params, check_tokens
 from .config import Config
 from .tokenizer import CharTokenizer
-from .transformer import PastKV, forward, head_forward, layer_forward, layer_params
+from .transformer import (
+    PastKV,
+    forward,
+    head_forward,
+    layer_forward,
+    layer_params,
+    qk_rope_tables,
+)
 
 # Shape legend: T new positions fed at once (the prompt, then 1), P = pos + T positions seen,
 # d width, Hkv key/value heads, hd head width, V vocab, L layers, C = seq_len.
@@ -64,16 +70,14 @@ def empty_kv_cache(cfg: Config, dtype: type) -> KVCache:
 class Prepared(NamedTuple):
     """What every feed reads and nothing changes: made once per `generate`, not per token."""
 
-    cos: np.ndarray  # (C, hd/2) the RoPE tables of every position, in the parameters' dtype
-    sin: np.ndarray  # (C, hd/2)
+    cos: np.ndarray  # (C, (d + dkv)/2) the RoPE tables of every position (`qk_rope_tables`)
+    sin: np.ndarray  # (C, (d + dkv)/2)
     layers: list[dict[str, np.ndarray]]  # each layer's parameters, `layer_params` views
 
 
 def _prepare(params: dict[str, np.ndarray], cfg: Config) -> Prepared:
-    dtype = params["wte"].dtype
-    cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)  # (C, hd/2) each
-    layers = [layer_params(params, l) for l in range(cfg.n_layer)]
-    return Prepared(cos.astype(dtype), sin.astype(dtype), layers)
+    cos, sin = qk_rope_tables(cfg, cfg.seq_len, params["wte"].dtype)  # (C, (d + dkv)/2)
+    return Prepared(cos, sin, [layer_params(params, l) for l in range(cfg.n_layer)])
 
 
 def _feed(
@@ -87,7 +91,7 @@ def _feed(
     to themselves (`PastKV`). Only the last position goes through the head.
     """
     T = len(ids)
-    cos, sin = w.cos[pos : pos + T], w.sin[pos : pos + T]  # (T, hd/2) the new positions' angles
+    cos, sin = w.cos[pos : pos + T], w.sin[pos : pos + T]  # (T, (d + dkv)/2) new positions
     h, _ = embedding_forward(params["wte"], np.asarray(ids)[None, :])  # (1, T, d)
     h = h.reshape(T, cfg.n_embd)  # (T, d) the residual stream of the new positions
     for l, p in enumerate(w.layers):

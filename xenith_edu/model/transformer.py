@@ -4,13 +4,16 @@ The whole backward pass chapter assembles it from the component chapters, as llm
 `gpt2_forward` and `gpt2_backward` do: paired block functions, each `*_forward -> (out, cache)`
 and `*_backward(dout, cache) -> (din, grads)`; `forward` calls them layer by layer, `backward`
 in reverse, and each cache is a NamedTuple that keeps what its backward needs and no more.
+Grouped-query attention (`Config.n_kv_head` < `n_head`, as SmolLM and Llama 3) narrows wk and
+wv; the attention components share each key/value head among its query heads.
 
-Where inputs are checked: at the boundaries only. `Config` checks the sizes; `forward`,
-`backward` and `loss_and_grads` check the parameters (keys, shapes, one float32 or float64
-dtype) and the tokens (integer ids in [0, V), shape (B, S) with S <= seq_len, targets shaped
-like the inputs); the command line and `load_checkpoint` check what they read. The component
-functions (softmax_ce, swiglu, rmsnorm, attention, rope, embedding, linear) and the block
-functions below trust their inputs: they do the arithmetic and nothing else.
+Where inputs are checked: at the boundaries only. `Config` checks the sizes (with the head
+counts and the flash block size); `forward`, `backward` and `loss_and_grads` check the
+parameters (keys, shapes, one float32 or float64 dtype) and the tokens (integer ids in [0, V),
+shape (B, S) with S <= seq_len, targets shaped like the inputs); the command line and
+`load_checkpoint` check what they read. The component functions (softmax_ce, swiglu, rmsnorm,
+attention, flash_attention, rope, embedding, linear) and the block functions below trust their
+inputs: they do the arithmetic and nothing else.
 
 Speed: the large arrays come from `xenith_edu.tools.workspace`, which reuses them from one call
 to the next (no page faults, no process setting); benchmarks/README.md has the measured figures.
@@ -37,10 +40,11 @@ from .config import Config
 from .params import LAYER_PARAMS, param_shapes
 
 __all__ = [
-    "AttentionBlockCache", "HeadCache", "LayerCache", "ModelCache", "PastKV", "SwiGLUBlockCache",
-    "attention_block_backward", "attention_block_forward", "backward", "forward", "head_backward",
-    "head_forward", "layer_backward", "layer_forward", "layer_params", "loss_and_grads",
-    "merge_heads", "split_heads", "swiglu_block_backward", "swiglu_block_forward",
+    "AttentionBlockCache", "HeadCache", "LayerCache", "ModelCache", "PastKV",
+    "SwiGLUBlockCache", "attention_block_backward", "attention_block_forward", "backward",
+    "forward", "head_backward", "head_forward", "layer_backward", "layer_forward",
+    "layer_params", "loss_and_grads", "merge_heads", "qk_rope_tables", "split_heads",
+    "swiglu_block_backward", "swiglu_block_forward",
 ]
 
 # Shape legend: B batch, S positions, N = B*S, d width, H heads, hd = d // H head width,
@@ -61,6 +65,20 @@ def merge_heads(u: np.ndarray) -> np.ndarray:
     return out.reshape(B * S, H * hd)
 
 
+def qk_rope_tables(cfg: Config, seq_len: int, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """The RoPE tables as the attention block takes them: (seq_len, (d + dkv)/2) each, `dtype`.
+
+    `rope_tables`' (seq_len, hd/2) repeated for the H + Hkv heads that sit side by side in a row
+    of the q and k columns, so that one pass over the rows rotates every head: pair j of a row
+    gets the angle of pair j mod hd/2. (Rotating head by head, over (B, H + Hkv, S, hd) views,
+    gives the same numbers in loops of hd/2 pairs: 2.5 times slower.) Made once per forward
+    pass and shared by every layer.
+    """
+    cos, sin = rope_tables(seq_len, cfg.head_dim, cfg.rope_theta)  # (seq_len, hd/2) float64
+    heads = cfg.n_head + cfg.n_kv_head
+    return np.tile(cos.astype(dtype), heads), np.tile(sin.astype(dtype), heads)
+
+
 def layer_params(params: dict, l: int) -> dict[str, np.ndarray]:
     """Layer l's slice of each (L, ...) stack: {"rms_attn": (d,), "wq": (d, d), ...}, views."""
     return {name: params[name][l] for name in LAYER_PARAMS}
@@ -73,8 +91,8 @@ class AttentionBlockCache(NamedTuple):
 
     norm: RMSNormCache  # xb = rmsnorm(h, rms_attn): xhat, rstd and the gain
     qkv: LinearCache  # qkv = xb @ [wq | wk | wv]: both factors of the one fused product
-    rope: RopeCache  # q, k = rope(q), rope(k): the tables repeated for the H + Hkv heads
-    # (S, d + dkv), to rotate dq and dk back
+    rope: RopeCache  # q, k = rope(q), rope(k): the tables (S, (d + dkv)/2) that `forward` made
+    # for every layer (`qk_rope_tables`), to rotate dq and dk back
     attention: AttentionCache | FlashCache  # a = attention(q, k, v): rotated q, k, v and the
     # weights (B, H, S, S), or with flash attention the output and its log-sum-exp (B, H, S)
     out: LinearCache  # out = merge_heads(a) @ wo: both factors
@@ -100,10 +118,10 @@ def attention_block_forward(
     with q, k, v the products of rmsnorm(h, rms_attn) with wq, wk and wv.
 
     h is the stream (N, d), N = B*S; p the layer's parameters (`layer_params`); cos and sin
-    the RoPE tables of the S positions, (S, hd/2) as `rope_tables` makes them. Query head j
-    reads key/value head j // (H // Hkv). With `past` (decoding), the S positions come after
-    `past.pos` earlier ones whose keys and values `past` holds. Returns `(out, cache)`, out
-    (N, d).
+    the RoPE tables of the S positions as `qk_rope_tables` repeats them for the H + Hkv heads of
+    q and k, (S, (d + dkv)/2) each. Query head j reads key/value head j // (H // Hkv). With
+    `past` (decoding), the S positions come after `past.pos` earlier ones whose keys and values
+    `past` holds. Returns `(out, cache)`, out (N, d).
     """
     S, H, Hkv, d, dkv = cos.shape[0], cfg.n_head, cfg.n_kv_head, h.shape[1], cfg.kv_dim
     B, w = h.shape[0] // S, d + 2 * dkv
@@ -112,10 +130,8 @@ def attention_block_forward(
     wqkv = np.concatenate((p["wq"], p["wk"], p["wv"]), axis=1, out=empty((d, w), h.dtype))
     qkv, qkv_cache = linear_forward(xb, wqkv)  # (N, d + 2dkv)
     # q, k = rope(q), rope(k), all heads in one pass over the rows as the product left them:
-    # a row's q and k columns are H + Hkv heads side by side, and the tables repeated H + Hkv
-    # times give pair j the angle of pair j mod hd/2. (Rotating head by head, over
-    # (B, H + Hkv, S, hd) views, gives the same numbers in loops of hd/2 pairs: slower.)
-    cos, sin = np.tile(cos, H + Hkv), np.tile(sin, H + Hkv)  # (S, d + dkv) each
+    # a row's q and k columns are H + Hkv heads side by side, and the repeated tables give pair
+    # j the angle of pair j mod hd/2 (see `qk_rope_tables`)
     qk, rope = rope_forward(qkv.reshape(B, S, w)[:, :, : d + dkv], cos, sin)  # (B, S, d + dkv)
     qk = split_heads(qk.reshape(B * S, d + dkv), B, S, H + Hkv)  # (B, H + Hkv, S, hd)
     q, k = qk[:, :H], qk[:, H:]  # (B, H, S, hd) and (B, Hkv, S, hd), views
@@ -215,7 +231,7 @@ def layer_forward(
 ) -> tuple[np.ndarray, LayerCache]:
     """One layer on the stream h (N, d): each block reads it and adds its output back.
 
-    cos, sin (S, hd/2) and `past` (decoding) as `attention_block_forward` takes them."""
+    cos, sin (S, (d + dkv)/2) and `past` (decoding) as `attention_block_forward` takes them."""
     out, attn = attention_block_forward(h, p, cfg, cos, sin, past)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection h + out (out is ours: its memory is reused)
     out, ffn = swiglu_block_forward(h, p, cfg)  # (N, d)
@@ -281,8 +297,8 @@ class ModelCache(NamedTuple):
 
     x: np.ndarray  # (B, S) the tokens: the targets must have their shape
     embedding: EmbeddingCache  # h = wte[x]
-    cos: np.ndarray  # (S, hd/2) the RoPE tables in the parameters' dtype: to recompute a layer
-    sin: np.ndarray  # (S, hd/2)
+    cos: np.ndarray  # (S, (d + dkv)/2) the RoPE tables of every layer (`qk_rope_tables`), in
+    sin: np.ndarray  # (S, (d + dkv)/2) the parameters' dtype: to recompute a layer
     layers: list[LayerCache]  # one cache per layer, in forward order
     layer_inputs: list[np.ndarray]  # (N, d) per layer, kept instead when recomputing
     head: HeadCache
@@ -300,8 +316,7 @@ def forward(
     dtype = check_params(params, cfg)
     x = check_tokens("x", x, cfg)
     B, S = x.shape
-    cos, sin = (t.astype(dtype) for t in rope_tables(S, cfg.head_dim, cfg.rope_theta))  # (S,
-    # hd/2) each
+    cos, sin = qk_rope_tables(cfg, S, dtype)  # (S, (d + dkv)/2) each, shared by the layers
 
     h, embedding = embedding_forward(params["wte"], x)  # (B, S, d)
     h = h.reshape(B * S, cfg.n_embd)  # (N, d) the residual stream
