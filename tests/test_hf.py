@@ -447,3 +447,26 @@ def test_package_never_imports_transformers_or_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parent.parent).stdout
     assert out.strip() == "[]"
+
+
+def test_fine_tuning_resumes_exactly_with_flash_attention_and_recompute(tmp_path, hf_folder,
+                                                                      capsys):
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    assert run(["from-hf", hf_folder, "--out", tmp_path / "run"], capsys)[0] == 0
+    common = ["--text", text, "--eval-every", "2", "--eval-batches", "1", "--seq-len", "8",
+              "--batch-size", "2", "--decay-steps", "4", "--warmup-steps", "1", "--threads",
+              "2", "--attention", "flash", "--flash-block", "4", "--recompute",
+              "--no-progress", "--sample-chars", "0"]
+    straight = ["train", "--init", tmp_path / "run", "--out", tmp_path / "a", "--steps", "4"]
+    assert run([*straight, *common], capsys)[0] == 0
+    half = ["train", "--init", tmp_path / "run", "--out", tmp_path / "b", "--steps", "2"]
+    assert run([*half, *common], capsys)[0] == 0
+    rc, _, err = run(["train", "--resume", tmp_path / "b", "--steps", "4", "--no-progress",
+                      "--sample-chars", "0"], capsys)
+    assert rc == 0, err
+    a, b = load_checkpoint(tmp_path / "a"), load_checkpoint(tmp_path / "b")
+    assert a.step == b.step == 4 and a.config.attention == "flash"
+    for k in a.params:
+        np.testing.assert_array_equal(a.params[k], b.params[k])
+        np.testing.assert_array_equal(a.m[k], b.m[k])
