@@ -264,6 +264,9 @@ def test_config_fields_are_read():
     assert (cfg.n_kv_head, cfg.rope_theta, cfg.norm_eps, cfg.pad_token_id) == (2, 5e5, 1e-5,
                                                                                None)
     assert config_from_hf({**BASE, "rope_theta": 1e6}).rope_theta == 1e6
+    for bad in (float("inf"), float("nan"), -1.0, True):
+        with pytest.raises(ValueError, match="field rope_theta "):
+            config_from_hf({**BASE, "rope_theta": bad})
 
 
 def test_sharded_folder_reads_as_one(tmp_path):
@@ -470,3 +473,45 @@ def test_fine_tuning_resumes_exactly_with_flash_attention_and_recompute(tmp_path
     for k in a.params:
         np.testing.assert_array_equal(a.params[k], b.params[k])
         np.testing.assert_array_equal(a.m[k], b.m[k])
+
+
+def test_ignore_index_gradient_against_finite_differences(rng):
+    from xenith_edu.tools.gradcheck import check_gradient
+
+    logits = rng.standard_normal((7, 5))  # (N, V)
+    y = rng.integers(0, 5, size=7)
+    y[[1, 4]] = 2
+    _, dlogits = softmax_cross_entropy(logits, y, ignore_index=2)
+    r = check_gradient(lambda z: softmax_cross_entropy(z, y, ignore_index=2)[0], logits,
+                       dlogits, name="dlogits", tol=1e-8)
+    assert r.passed, r
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats()
+                    | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=6)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+@given(changes=st.dictionaries(st.sampled_from(sorted(BASE) + [
+    "rope_scaling", "rope_parameters", "rope_theta", "head_dim", "pad_token_id",
+    "attention_bias", "mlp_bias", "hidden_act"]), JSON, max_size=4))
+def test_fuzzed_config_is_read_or_refused_in_one_line(changes):
+    try:
+        cfg = config_from_hf({**BASE, **changes})
+    except ValueError as e:
+        assert "\n" not in str(e)
+    else:
+        assert isinstance(cfg, Config)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(spec=st.text(max_size=60) | JSON.map(json.dumps))
+def test_fuzzed_tokenizer_json_is_read_or_refused(spec):
+    from xenith_edu.model import BPETokenizer
+
+    try:
+        BPETokenizer(spec)
+    except ValueError as e:
+        assert "\n" not in str(e)

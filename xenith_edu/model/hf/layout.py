@@ -8,6 +8,8 @@ L layers. A checkpoint's nn.Linear weight is (out, in); ours is (in, out).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..config import Config
@@ -27,7 +29,8 @@ def _number(hf: dict, key: str, kind: type, default: object = None) -> object:
     value = hf.get(key, default)
     ok = isinstance(value, kind) and not isinstance(value, bool)
     if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+              and 0 < value < math.inf)
     elif ok:
         ok = value > 0
     if not ok:
