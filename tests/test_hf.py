@@ -356,6 +356,7 @@ def test_sample_gradcheck_and_fine_tune_a_converted_run(tmp_path, hf_folder, cap
     assert rc == 0, err
     start, tuned = load_checkpoint(run_dir), load_checkpoint(ft)
     assert tuned.step == 6 and tuned.config.n_kv_head == 2 and tuned.config.pad_token_id == 2
+    assert tuned.config.seq_len == 16 and tuned.train["seq_len"] == 8  # the model's context kept
     assert tuned.tokenizer_spec == start.tokenizer_spec
     assert not np.array_equal(tuned.params["wq"], start.params["wq"])
     records = [json.loads(line) for line in (ft / "log.jsonl").read_text().splitlines()]
@@ -365,6 +366,8 @@ def test_sample_gradcheck_and_fine_tune_a_converted_run(tmp_path, hf_folder, cap
                         "--sample-chars", "0"], capsys)
     assert rc == 0, err
     assert run(["to-hf", ft, "--out", tmp_path / "ft_hf"], capsys)[0] == 0
+    hf_config = json.loads((tmp_path / "ft_hf" / "config.json").read_text())
+    assert hf_config["max_position_embeddings"] == 16 and hf_config["num_key_value_heads"] == 2
     x = np.random.default_rng(1).integers(3, 100, size=(1, 8))
     ours, _ = forward(load_checkpoint(ft).params, load_checkpoint(ft).config, x)
     assert np.abs(ours - hf_logits(tmp_path / "ft_hf", x)).max() < 1e-5

@@ -40,13 +40,19 @@ def adopt_model(tc: TrainConfig, cfg: Config) -> TrainConfig:
 def run_config(tc: TrainConfig, vocab_size: int, ckpt: Checkpoint | None) -> Config:
     """The model of a run: `tc`'s sizes, and, when it continues or starts from a checkpoint, the
     checkpoint's vocabulary size and the fields that `TrainConfig` does not carry (a padding
-    token, key/value heads): a BPE table may have more rows than its tokenizer has tokens."""
+    token, key/value heads): a BPE table may have more rows than its tokenizer has tokens.
+
+    A converted model (whose context is not its training windows') keeps its context: a
+    SmolLM fine-tuned on windows of 256 is still a model of 2048 positions."""
     if ckpt is None:
         return tc.model_config(vocab_size)
     cfg = tc.model_config(ckpt.config.vocab_size)
     own = {f.name for f in fields(TrainConfig)}
     carried = {k: v for k, v in ckpt.config.to_dict().items()
                if k not in own and k != "vocab_size"}
+    context = ckpt.config.seq_len
+    if ckpt.train.get("seq_len") != context and tc.seq_len <= context:
+        carried["seq_len"] = context  # the windows are tc.seq_len; the model keeps its context
     return replace(cfg, **carried)
 
 
