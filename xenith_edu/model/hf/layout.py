@@ -1,6 +1,5 @@
-"""A Hugging Face LLaMA in the book's layout and back: config.json's fields as a `Config`, the
-weights transposed to (in, out) and the rows of q_proj and k_proj moved from rotate-half pairs
-to interleaved pairs (the chapter "A real LLaMA" derives the permutation).
+"""A Hugging Face LLaMA in the book's layout and back: config.json as a `Config`, the weights
+transposed, q_proj and k_proj re-paired from rotate-half to interleaved (see "A real LLaMA").
 
 Shape legend: V vocab, d width, H heads, Hkv key/value heads, hd head width, f SwiGLU hidden,
 L layers. A checkpoint's nn.Linear weight is (out, in); ours is (in, out).
