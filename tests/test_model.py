@@ -311,3 +311,21 @@ def test_forward_rejects_half_precision(small):
     cfg, params = small
     with pytest.raises(TypeError, match="float32 or float64"):
         xe.forward({k: v.astype(np.float16) for k, v in params.items()}, cfg, np.array([[1]]))
+
+
+def test_backward_leaves_the_cache_whole_unless_released(rng):
+    """A cache can be given to backward twice; `release=True` (what loss_and_grads passes, since
+    it owns its cache) drops each layer's part once it is done, and changes no number."""
+    cfg, params = make(rng)
+    x, y = rng.integers(0, cfg.vocab_size, (2, 5)), rng.integers(0, cfg.vocab_size, (2, 5))
+    _, cache = xe.forward(params, cfg, x)
+    loss, grads = xe.backward(params, cfg, cache, y)
+    assert all(layer is not None for layer in cache.layers)
+    loss2, grads2 = xe.backward(params, cfg, cache, y, release=True)
+    assert cache.layers == [None] * cfg.n_layer
+    assert loss == loss2
+    for k in grads:
+        np.testing.assert_array_equal(grads[k], grads2[k])
+    _, spent = xe.forward(params, cfg, x, recompute=True)
+    xe.backward(params, cfg, spent, y, release=True)
+    assert spent.layer_inputs == [None] * cfg.n_layer

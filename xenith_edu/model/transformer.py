@@ -336,12 +336,16 @@ def forward(
 def backward(
     params: dict, cfg: Config, cache: ModelCache, y: np.ndarray,
     on_layer: Callable[[int, dict[str, np.ndarray]], None] | None = None,
+    *, release: bool = False,
 ) -> tuple[float, dict[str, np.ndarray]]:
     """Mean loss on targets `y` (B, S) and the gradient of every parameter.
 
     The forward pass in reverse, block by block. See the whole backward pass chapter.
     `on_layer(l, grads_l)`, if given, is called as soon as layer l's gradients are known: a
     data-parallel run starts their all-reduce there (see the "Many processes" chapter).
+    `release=True` says that the caller gives the cache up: each layer's part is dropped from it
+    as soon as that layer is done, so its memory can serve the gradients that follow, as
+    autograd frees what it saved (`loss_and_grads` does this; the cache is then spent).
     """
     if not isinstance(cache, ModelCache):
         raise TypeError(f"cache must be the ModelCache that forward returned, "
@@ -353,6 +357,7 @@ def backward(
     # (targets equal to the padding token, if the model has one, count for neither)
     loss, dlogits = softmax_cross_entropy(cache.logits, y, cfg.pad_token_id)  # (B, S, V)
     dh, grads = head_backward(dlogits.reshape(B * S, -1), cache.head)  # (N, d)
+    del dlogits  # (B, S, V), read by nothing below: its memory can serve the layers' gradients
     for name in LAYER_PARAMS:
         grads[name] = empty_like(params[name])  # (L, ...) filled layer by layer
     for l in reversed(range(cfg.n_layer)):
@@ -362,6 +367,9 @@ def backward(
             p = layer_params(params, l)
             _, layer = layer_forward(cache.layer_inputs[l], p, cfg, cache.cos, cache.sin)
         dh, grads_l = layer_backward(dh, layer)
+        del layer
+        if release:  # nothing reads layer l's cache again
+            (cache.layers or cache.layer_inputs)[l] = None
         for name, g in grads_l.items():
             grads[name][l] = g
         if on_layer is not None:
@@ -388,4 +396,4 @@ def loss_and_grads(
     if isinstance(x, np.ndarray):
         check_targets(y, x, cfg)  # before the forward pass, so a bad y costs nothing
     _, cache = forward(params, cfg, x, recompute=recompute)
-    return backward(params, cfg, cache, y)
+    return backward(params, cfg, cache, y, release=True)  # the cache is ours alone
