@@ -98,7 +98,7 @@ def test_valid_targets_at_the_edges_are_accepted():
     assert loss == pytest.approx(loss64, rel=1e-12)
 
 
-# ---- Config: head width, RoPE base ----
+# ---- Config: head width, key/value heads, RoPE base, flash block ----
 
 def test_odd_head_width_is_refused_by_config():
     with raises(ValueError, "n_head", "even"):
@@ -118,6 +118,27 @@ def test_a_config_rope_theta_reaches_the_model():
     a, _ = xe.forward(params, CFG, x)
     b, _ = xe.forward(params, other, x)
     assert not np.allclose(a, b)
+
+
+@pytest.mark.parametrize(("n_kv_head", "kind"), [(3, ValueError), (0, ValueError),
+                                               (1.0, TypeError)])
+def test_key_value_heads_are_checked_by_config(n_kv_head, kind):
+    with raises(kind, "Config.n_kv_head"):
+        xe.Config(vocab_size=9, n_embd=8, n_head=2, n_layer=1, n_kv_head=n_kv_head)
+
+
+def test_flash_attention_s_block_is_checked_by_config_not_by_the_component():
+    with raises(ValueError, "Config.flash_block"):
+        xe.Config(vocab_size=9, n_embd=8, n_head=2, n_layer=1, attention="flash", flash_block=0)
+
+
+def test_generation_refuses_keys_of_the_wrong_width_for_grouped_heads():
+    from xenith_edu.model.generate import generate
+
+    gqa = xe.Config(**{**CFG.to_dict(), "n_kv_head": 1})
+    params = xe.init_params(CFG, 0, np.float64)  # wk, wv for two key/value heads, not one
+    with raises(ValueError, "params['wk']", "(1, 8, 4)"):
+        generate(params, gqa, np.array([1, 2]), 3, np.random.default_rng(0))
 
 
 # ---- RoPE tables: exactly S rows of hd/2 angles, the values of the formula ----

@@ -240,8 +240,10 @@ def test_corrupted_member_is_refused(tmp_path):
 
 def test_config_mismatch_lists_every_difference():
     other = Config(vocab_size=7, n_embd=32, n_head=4, n_layer=2, ffn_hidden=24, seq_len=8)
+    # n_kv_head follows n_head when not given: the resolved configs differ there too
     assert config_mismatch(CFG, other) == ("n_embd: 16 in the checkpoint, 32 asked; "
-                                           "n_head: 2 in the checkpoint, 4 asked")
+                                           "n_head: 2 in the checkpoint, 4 asked; "
+                                           "n_kv_head: 2 in the checkpoint, 4 asked")
     assert config_mismatch(CFG, CFG) == ""
 
 

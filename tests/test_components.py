@@ -169,13 +169,13 @@ def test_attention_matches_definition_and_is_causal(rng):
 def test_kept_mask_is_the_causal_mask_and_cannot_be_changed(dtype):
     """The forward adds a mask made once and kept: the same values as `causal_mask`, and
     read-only, so no caller can change the mask of every later call."""
-    mask = _kept_mask(7, np.dtype(dtype))
+    mask = _kept_mask(7, 7, np.dtype(dtype))
     np.testing.assert_array_equal(mask, causal_mask(7, dtype))
-    assert mask.dtype == dtype and _kept_mask(7, np.dtype(dtype)) is mask
+    assert mask.dtype == dtype and _kept_mask(7, 7, np.dtype(dtype)) is mask
     with pytest.raises(ValueError):
         mask[0, 1] = 0.0
     tracemalloc.start()  # and it keeps 2S - 1 numbers, not S * S: 64 KiB here, not 128 MiB
-    big = _kept_mask(4096, np.dtype(dtype))
+    big = _kept_mask(4096, 4096, np.dtype(dtype))
     kept = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert kept < 2**20

@@ -119,18 +119,16 @@ def test_cache_holds_no_square_array() -> None:
     assert total == 4 * q.nbytes + cache.L.nbytes  # q, k, v, out and L: nothing else
 
 
-@pytest.mark.parametrize("bad", [0, -3])
-def test_block_size_must_be_positive(bad: int) -> None:
-    q = np.zeros((1, 1, 4, 2))
-    with pytest.raises(ValueError, match="block_size"):
-        flash_attention_forward(q, q, q, block_size=bad)
+@pytest.mark.parametrize(("bad", "error"), [
+    (0, ValueError), (-3, ValueError), (2.0, TypeError), (True, TypeError), ("8", TypeError),
+])
+def test_a_bad_block_size_is_refused_where_the_model_is_configured(bad, error) -> None:
+    """The component trusts its block size; the boundary, Config.flash_block, checks it."""
+    import xenith_edu as xe
 
-
-@pytest.mark.parametrize("bad", [2.0, True, "8"])
-def test_block_size_must_be_an_int(bad: object) -> None:
-    q = np.zeros((1, 1, 4, 2))
-    with pytest.raises(TypeError, match="block_size"):
-        flash_attention_forward(q, q, q, block_size=bad)
+    with pytest.raises(error, match="Config.flash_block"):
+        xe.Config(vocab_size=5, n_embd=8, n_head=2, n_layer=1, attention="flash",
+                  flash_block=bad)
 
 
 def _traced_peak(fn) -> int:

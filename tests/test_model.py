@@ -16,13 +16,17 @@ CONFIGS = {
     "tied-4heads-2layers": dict(n_head=4, n_layer=2, tie_embeddings=True),
     "untied-1head-2layers": dict(n_head=1, n_layer=2, tie_embeddings=False),
     "tied-2heads-3layers": dict(n_head=2, n_layer=3, tie_embeddings=True),
+    # grouped-query attention: two query heads per key/value head, and one key/value head for all
+    "gqa-tied-4heads-2kv": dict(n_head=4, n_layer=2, tie_embeddings=True, n_kv_head=2),
+    "gqa-untied-4heads-1kv": dict(n_head=4, n_layer=2, tie_embeddings=False, n_kv_head=1),
 }
 
 
-def make(rng, tie_embeddings=True, n_head=2, n_layer=2, V=13, d=16, f=24, seq_len=8):
+def make(rng, tie_embeddings=True, n_head=2, n_layer=2, V=13, d=16, f=24, seq_len=8,
+         n_kv_head=None):
     """A small config and non-degenerate float64 params: larger weights, gains away from one."""
     cfg = xe.Config(vocab_size=V, n_embd=d, n_head=n_head, n_layer=n_layer, ffn_hidden=f,
-                    seq_len=seq_len, tie_embeddings=tie_embeddings)
+                    seq_len=seq_len, tie_embeddings=tie_embeddings, n_kv_head=n_kv_head)
     return cfg, random_params(cfg, rng)
 
 
@@ -31,6 +35,7 @@ def reference_logits(params, cfg, x):
     B, S = x.shape
     d, H = cfg.n_embd, cfg.n_head
     hd = d // H
+    group = H // cfg.n_kv_head  # query head j reads key/value head j // group
 
     def rms(u, w):
         return u / np.sqrt(np.mean(u**2, -1, keepdims=True) + cfg.norm_eps) * w
@@ -52,11 +57,12 @@ def reference_logits(params, cfg, x):
         heads = []
         for j in range(H):
             sl = slice(j * hd, (j + 1) * hd)
-            qj, kj = rope(q[..., sl]), rope(k[..., sl])
+            kv = slice(j // group * hd, (j // group + 1) * hd)
+            qj, kj = rope(q[..., sl]), rope(k[..., kv])
             scores = qj @ kj.transpose(0, 2, 1) / np.sqrt(hd)
             scores[:, ~np.tril(np.ones((S, S), bool))] = -np.inf
             p = np.exp(scores - scores.max(-1, keepdims=True))
-            heads.append((p / p.sum(-1, keepdims=True)) @ v[..., sl])
+            heads.append((p / p.sum(-1, keepdims=True)) @ v[..., kv])
         h = h + np.concatenate(heads, -1) @ params["wo"][l]
         x2b = rms(h, params["rms_ffn"][l])
         g = x2b @ params["w1"][l]
@@ -265,7 +271,7 @@ def test_blocks_compose_into_forward_and_backward(rng):
     """forward is embedding, layer_forward per layer and head_forward; backward their reverse."""
     cfg, params = make(rng, tie_embeddings=False)
     x, y = rng.integers(0, cfg.vocab_size, (2, 6)), rng.integers(0, cfg.vocab_size, (2, 6))
-    cos, sin = xe.rope.rope_tables(6, cfg.head_dim, cfg.rope_theta)
+    cos, sin = model.qk_rope_tables(cfg, 6, np.float64)  # (S, (d + dkv)/2), the one shape
     h = params["wte"][x].reshape(12, -1)
     layers = []
     for l in range(cfg.n_layer):
@@ -305,3 +311,21 @@ def test_forward_rejects_half_precision(small):
     cfg, params = small
     with pytest.raises(TypeError, match="float32 or float64"):
         xe.forward({k: v.astype(np.float16) for k, v in params.items()}, cfg, np.array([[1]]))
+
+
+def test_backward_leaves_the_cache_whole_unless_released(rng):
+    """A cache can be given to backward twice; `release=True` (what loss_and_grads passes, since
+    it owns its cache) drops each layer's part once it is done, and changes no number."""
+    cfg, params = make(rng)
+    x, y = rng.integers(0, cfg.vocab_size, (2, 5)), rng.integers(0, cfg.vocab_size, (2, 5))
+    _, cache = xe.forward(params, cfg, x)
+    loss, grads = xe.backward(params, cfg, cache, y)
+    assert all(layer is not None for layer in cache.layers)
+    loss2, grads2 = xe.backward(params, cfg, cache, y, release=True)
+    assert cache.layers == [None] * cfg.n_layer
+    assert loss == loss2
+    for k in grads:
+        np.testing.assert_array_equal(grads[k], grads2[k])
+    _, spent = xe.forward(params, cfg, x, recompute=True)
+    xe.backward(params, cfg, spent, y, release=True)
+    assert spent.layer_inputs == [None] * cfg.n_layer

@@ -17,22 +17,29 @@ from xenith_edu.model.generate import (
 from xenith_edu.model.params import random_params
 
 
-def _model(dtype=np.float64, tie: bool = True, seq_len: int = 12, seed: int = 0):
-    cfg = Config(vocab_size=11, n_embd=16, n_head=2, n_layer=2, ffn_hidden=24, seq_len=seq_len,
-                 tie_embeddings=tie)
+def _model(dtype=np.float64, tie: bool = True, seq_len: int = 12, seed: int = 0,
+           n_head: int = 2, n_kv_head: int | None = None, attention: str = "plain"):
+    cfg = Config(vocab_size=11, n_embd=8 * n_head, n_head=n_head, n_layer=2, ffn_hidden=24,
+                 seq_len=seq_len, tie_embeddings=tie, n_kv_head=n_kv_head, attention=attention,
+                 flash_block=4)
     params = random_params(cfg, np.random.default_rng(seed), dtype=dtype)
     return params, cfg
 
 
 def _empty_cache(params: dict, cfg: Config) -> KVCache:
-    shape = (cfg.n_layer, cfg.n_head, cfg.seq_len, cfg.head_dim)
+    shape = (cfg.n_layer, 1, cfg.n_kv_head, cfg.seq_len, cfg.head_dim)
     return KVCache(np.full(shape, np.nan, params["wte"].dtype),
                    np.full(shape, np.nan, params["wte"].dtype))
 
 
-@pytest.mark.parametrize("tie", [True, False])
-def test_feeding_one_token_at_a_time_gives_the_forward_logits(tie: bool) -> None:
-    params, cfg = _model(tie=tie)
+@pytest.mark.parametrize(("tie", "n_head", "n_kv_head", "attention"), [
+    (True, 2, None, "plain"), (False, 2, None, "plain"),
+    (True, 6, 2, "plain"),    # grouped-query attention: three query heads per key/value head
+    (False, 4, 1, "flash"),   # one key/value head for all (multi-query), flash in the forward
+])
+def test_feeding_one_token_at_a_time_gives_the_forward_logits(tie, n_head, n_kv_head,
+                                                              attention) -> None:
+    params, cfg = _model(tie=tie, n_head=n_head, n_kv_head=n_kv_head, attention=attention)
     ids = np.random.default_rng(1).integers(0, cfg.vocab_size, cfg.seq_len)
     logits, _ = forward(params, cfg, ids[None, :])  # (1, S, V)
     w, kv = _prepare(params, cfg), _empty_cache(params, cfg)
@@ -44,14 +51,42 @@ def test_feeding_one_token_at_a_time_gives_the_forward_logits(tie: bool) -> None
     assert not np.isnan(kv.k).any() and not np.isnan(kv.v).any()  # every position stored
 
 
-@pytest.mark.parametrize(("dtype", "tie", "prompt_len", "new"), [
-    (np.float64, True, 1, 11),     # fills the context exactly
-    (np.float64, False, 5, 30),    # slides past seq_len: the cache is rebuilt
-    (np.float64, True, 20, 6),     # the prompt alone is longer than seq_len
-    (np.float32, True, 3, 25),
+def test_the_cache_holds_the_key_value_heads_only() -> None:
+    params, cfg = _model(n_head=6, n_kv_head=2)
+    kv = _empty_cache(params, cfg)
+    assert kv.k.shape == (2, 1, 2, 12, 8)  # (L, 1, Hkv, C, hd): a third of the query heads
+    assert kv.k.nbytes + kv.v.nbytes == kv_cache_bytes(cfg, 8)
+    full = Config(**{**cfg.to_dict(), "n_kv_head": 6})
+    assert kv_cache_bytes(full, 8) == 3 * kv_cache_bytes(cfg, 8)
+
+
+def test_the_cached_decoding_is_the_model_s_own_blocks() -> None:
+    """No matrix product, attention or SwiGLU of its own: the module calls the model's."""
+    import ast
+    import inspect
+
+    import xenith_edu.model.generate as gen
+
+    tree = ast.parse(inspect.getsource(gen))
+    products = [n for n in ast.walk(tree) if isinstance(n, ast.BinOp | ast.AugAssign)
+                and isinstance(n.op, ast.MatMult)]
+    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert not products
+    assert not names & {"matmul", "dot", "einsum", "tensordot", "inner", "silu", "softmax",
+                        "rope_forward", "rmsnorm_forward", "causal_attention_forward"}
+    assert {"layer_forward", "head_forward", "embedding_forward"} <= names
+
+
+@pytest.mark.parametrize(("dtype", "tie", "prompt_len", "new", "n_kv_head"), [
+    (np.float64, True, 1, 11, None),     # fills the context exactly
+    (np.float64, False, 5, 30, None),    # slides past seq_len: the cache is rebuilt
+    (np.float64, True, 20, 6, None),     # the prompt alone is longer than seq_len
+    (np.float32, True, 3, 25, None),
+    (np.float64, False, 4, 20, 3),  # grouped-query attention, sliding past seq_len
 ])
-def test_same_tokens_as_recomputing_the_context(dtype, tie, prompt_len, new) -> None:
-    params, cfg = _model(dtype, tie)
+def test_same_tokens_as_recomputing_the_context(dtype, tie, prompt_len, new, n_kv_head):
+    params, cfg = _model(dtype, tie, n_head=6 if n_kv_head else 2, n_kv_head=n_kv_head)
     prompt = np.random.default_rng(2).integers(0, cfg.vocab_size, prompt_len)
     for seed in range(3):
         cached = generate(params, cfg, prompt, new, np.random.default_rng(seed), 0.9)

@@ -55,6 +55,8 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("training", "Training the model",
             ("training.data", "training.optim", "training.loop", "model.generate"),
             "AdamW, the learning-rate schedule and the training loop"),
+    Chapter("llama", "A real LLaMA", ("model.hf", "training.finetune"),
+            "grouped-query attention's backward, Hugging Face checkpoints, fine-tuning them"),
     Chapter("parallel", "Many processes", ("training.parallel",),
             "data-parallel training: the gradient of a mean as the mean of its shards'"),
     Chapter("torch", "Your backward inside PyTorch", (),

@@ -1,4 +1,4 @@
-"""The command line: `xenith-edu train | sample | gradcheck | student | grade`.
+"""The command line: `xenith-edu train | sample | gradcheck | from-hf | to-hf | student | grade`.
 
 Bad input prints one line saying what is wrong and what to do, and exits non-zero.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..tools.util import one_line
-from . import settings
+from . import hf, settings
 
 PROG = "xenith-edu"
 
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_train(sub)
     _add_others(sub)
+    hf.add_parsers(sub)
     _add_classroom(sub)
     return parser
 
@@ -94,6 +95,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mpi-timeout", type=_positive_float, default=300.0, metavar="S",
                    help="under mpiexec: seconds without progress after which a process decides "
                    "another one has failed, and stops them all (default 300)")
+    hf.add_init_argument(p)
     settings.add_arguments(p)
     p.set_defaults(func=_cmd_train)
 
@@ -128,6 +130,7 @@ def _add_others(sub: argparse._SubParsersAction) -> None:
                    help="seed of the weights, tokens and coordinates (default 0)")
     p.add_argument("--untied", action="store_true",
                    help="check the model with a separate output projection (lm_head)")
+    hf.add_run_argument(p)
     p.set_defaults(func=_cmd_gradcheck)
 
 
@@ -210,7 +213,7 @@ def _add_grade_merge(sub: argparse._SubParsersAction) -> None:
 
 def _default_prompt(vocab: str) -> str:
     """A newline, the natural start of a text, if the vocabulary has one."""
-    return "\n" if "\n" in vocab else vocab[0]
+    return "\n" if "\n" in vocab or not vocab else vocab[0]  # a BPE run has no vocab string
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -223,8 +226,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     def run():
         tc, out = settings.train_config(args)
+        if args.init is not None:
+            tc, out = hf.fine_tune_config(args, tc, out)
         return train(tc, out, resume=args.resume, overwrite=args.overwrite,
-                     progress=False if args.no_progress else None, ranks=ranks)
+                     progress=False if args.no_progress else None, ranks=ranks, init=args.init)
 
     result = run() if ranks is None else ranks.run(run, lambda e: _report("train", e), _status)
     if ranks is not None and not ranks.is_root:
@@ -258,13 +263,12 @@ def _ranks(overlap: bool, timeout: float):
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
-    from ..model import CharTokenizer
     from ..model.generate import sample_text
     from ..training.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(args.checkpoint)
     prompt = _default_prompt(ckpt.vocab) if args.prompt is None else args.prompt
-    text = sample_text(ckpt.params, ckpt.config, CharTokenizer(ckpt.vocab), prompt,
+    text = sample_text(ckpt.params, ckpt.config, ckpt.tokenizer(), prompt,
                        args.chars, temperature=args.temperature, top_k=args.top_k,
                        seed=args.seed)
     print(text)
@@ -275,17 +279,19 @@ def _cmd_gradcheck(args: argparse.Namespace) -> int:
     from ..model import Config, check_model
     from ..model.params import random_params
 
-    # a tiny model, so finite differences are quick: 2 layers, 2 heads of width 8
-    cfg = Config(vocab_size=13, n_embd=16, n_head=2, n_layer=2, ffn_hidden=24, seq_len=6,
-                 tie_embeddings=not args.untied)
-    rng = np.random.default_rng(args.seed)
-    # non-degenerate: gains away from one, weights larger than init so every path matters
-    params = random_params(cfg, rng)
-    x = rng.integers(0, cfg.vocab_size, size=(3, cfg.seq_len))  # (B, S)
-    y = rng.integers(0, cfg.vocab_size, size=(3, cfg.seq_len))  # (B, S)
+    if args.run is not None:  # a run's own model and weights
+        cfg, params, x, y = hf.gradcheck_run(args)
+    else:  # a tiny model, so finite differences are quick: 2 layers, 2 heads of width 8
+        cfg = Config(vocab_size=13, n_embd=16, n_head=2, n_layer=2, ffn_hidden=24, seq_len=6,
+                     tie_embeddings=not args.untied)
+        rng = np.random.default_rng(args.seed)
+        # non-degenerate: gains away from one, weights larger than init so every path matters
+        params = random_params(cfg, rng)
+        x = rng.integers(0, cfg.vocab_size, size=(3, cfg.seq_len))  # (B, S)
+        y = rng.integers(0, cfg.vocab_size, size=(3, cfg.seq_len))  # (B, S)
     results = check_model(params, cfg, x, y, n_coords=args.coords, seed=args.seed)
-    print(f"whole-model gradient check ({'untied' if args.untied else 'tied'} embeddings, "
-          f"float64, {args.coords} coordinates per parameter)")
+    print(f"whole-model gradient check ({'untied' if not cfg.tie_embeddings else 'tied'} "
+          f"embeddings, float64, {args.coords} coordinates per parameter)")
     print(f"{'parameter':<10} {'worst rel. error':>16}  pass")
     for r in results:
         print(f"{r.name:<10} {r.max_rel_error:>16.1e}  {'yes' if r.passed else 'NO'}")

@@ -39,6 +39,7 @@ from .embedding import (
 )
 from .engine import GRADE_LOG_ENV, check, judge
 from .hints import forget_hints, hint
+from .llama import check_padded_cross_entropy, check_wk_from_hf
 from .memory import (
     check_kv_cache_budget,
     check_softmax_merge,
@@ -139,4 +140,6 @@ __all__ = [
     "check_global_gradient",
     "check_ring_allreduce_bytes",
     "check_wq_from_rotate_half",
+    "check_padded_cross_entropy",
+    "check_wk_from_hf",
 ]

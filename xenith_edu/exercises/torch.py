@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..model.hf.layout import pair_rows
 from .engine import check
 from .kit import amax, int_sampler, randn
 from .types import Case, CheckResult, Mistake, Spec
@@ -21,12 +22,10 @@ from .types import Case, CheckResult, Mistake, Spec
 def interleaved_rows(d: int, n_head: int) -> np.ndarray:
     """For our output coordinate c*hd + 2i + r, the checkpoint's output c*hd + r*hd/2 + i.
 
-    Our pair i of a head is (2i, 2i+1); rotate-half's pair i is (i, i + hd/2). (d,) int array.
+    Our pair i of a head is (2i, 2i+1); rotate-half's pair i is (i, i + hd/2). (d,) int array:
+    the map that reading a Hugging Face checkpoint applies (`xenith_edu.model.hf.pair_rows`).
     """
-    hd = d // n_head
-    j = np.arange(hd)  # (hd,) our coordinate 2i + r within a head
-    where = (j % 2) * (hd // 2) + j // 2  # (hd,) its place r*hd/2 + i in the rotate-half head
-    return (np.arange(n_head)[:, None] * hd + where[None, :]).reshape(-1)  # (d,)
+    return pair_rows(n_head, d // n_head)  # (d,)
 
 
 def half_rows(d: int, n_head: int) -> np.ndarray:

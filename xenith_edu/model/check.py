@@ -35,7 +35,8 @@ def check_model(
     results = []
     for name in param_shapes(cfg):
         def f(p, name=name):  # the loss alone: a forward pass
-            return softmax_cross_entropy(forward({**params, name: p}, cfg, x)[0], y)[0]
+            logits = forward({**params, name: p}, cfg, x)[0]
+            return softmax_cross_entropy(logits, y, cfg.pad_token_id)[0]
 
         results.append(check_gradient(f, params[name], grads[name], name=name, h=h, tol=tol,
                                       n_coords=n_coords, rng=rng))

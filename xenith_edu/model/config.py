@@ -28,14 +28,19 @@ class Config:
     tie_embeddings: bool = True
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    n_kv_head: int | None = None  # key/value heads (grouped-query attention); None: n_head
     attention: str = "plain"  # "flash": blockwise, no (S, S) array (see the memory chapter)
     flash_block: int = 64  # positions per block of the flash attention
+    pad_token_id: int | None = None  # a padding token: out of the loss, its row out of the
+    # embedding's gradient, as transformers' padding_idx (see the chapter "A real LLaMA")
 
     def __post_init__(self) -> None:
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", default_ffn_hidden(self.n_embd))
+        if self.n_kv_head is None:
+            object.__setattr__(self, "n_kv_head", self.n_head)
         for name in ("vocab_size", "n_embd", "n_head", "n_layer", "ffn_hidden", "seq_len",
-                     "flash_block"):
+                     "n_kv_head", "flash_block"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"Config.{name} must be an int, got {type(value).__name__}")
@@ -44,6 +49,11 @@ class Config:
         if self.n_embd % self.n_head:
             raise ValueError(
                 f"Config.n_embd ({self.n_embd}) must be divisible by Config.n_head ({self.n_head})"
+            )
+        if self.n_head % self.n_kv_head:
+            raise ValueError(
+                f"Config.n_kv_head ({self.n_kv_head}) must divide Config.n_head ({self.n_head}): "
+                "each key/value head serves the same number of query heads"
             )
         if (self.n_embd // self.n_head) % 2:
             raise ValueError(
@@ -56,12 +66,27 @@ class Config:
             raise ValueError(f"Config.rope_theta must be positive, got {self.rope_theta}")
         if not self.norm_eps > 0:
             raise ValueError(f"Config.norm_eps must be positive, got {self.norm_eps}")
+        pad = self.pad_token_id
+        if pad is not None and (isinstance(pad, bool) or not isinstance(pad, (int, np.integer))
+                                or not 0 <= pad < self.vocab_size):
+            raise ValueError(f"Config.pad_token_id must be None or a token id in "
+                             f"[0, {self.vocab_size}), got {pad!r}")
         if self.attention not in ("plain", "flash"):
             raise ValueError(f"Config.attention must be 'plain' or 'flash', got {self.attention!r}")
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def kv_dim(self) -> int:
+        """The width of the keys (and of the values) of all heads: n_kv_head * head_dim."""
+        return self.n_kv_head * self.head_dim
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head: query head j reads key/value head j // group."""
+        return self.n_head // self.n_kv_head
 
     def to_dict(self) -> dict:
         return asdict(self)

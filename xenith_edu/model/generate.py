@@ -1,9 +1,11 @@
-"""Sampling: the trained model writes, one character at a time, with a key-value cache.
+"""Sampling: the trained model writes, one token at a time, with a key-value cache.
+The cached decoding is the model's own forward pass, block by block, on the new positions only.
 
 Each new token comes from softmax(logits / temperature) at the last position, optionally
 restricted to the top-k most likely tokens. The KV cache keeps every layer's rotated keys and
 values, so each new token costs one position's forward pass instead of the whole context's
-(see the chapter "Memory: attention without the S×S matrix").
+(see the chapter "Memory: attention without the S×S matrix"). With grouped-query attention
+the cache holds the n_kv_head key/value heads only, smaller by the group factor.
 """
 
 from __future__ import annotations
@@ -12,16 +14,21 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..rmsnorm import rmsnorm_forward
-from ..rope import rope_forward, rope_tables
-from ..swiglu import silu
+from ..embedding import embedding_forward
 from .checks import check_params, check_tokens
 from .config import Config
 from .tokenizer import CharTokenizer
-from .transformer import forward
+from .transformer import (
+    PastKV,
+    forward,
+    head_forward,
+    layer_forward,
+    layer_params,
+    qk_rope_tables,
+)
 
 # Shape legend: T new positions fed at once (the prompt, then 1), P = pos + T positions seen,
-# d width, H heads, hd head width, f SwiGLU hidden, V vocab, L layers, C = seq_len.
+# d width, Hkv key/value heads, hd head width, V vocab, L layers, C = seq_len.
 
 
 def next_token_probs(
@@ -41,61 +48,56 @@ class KVCache(NamedTuple):
     """Every layer's keys (after RoPE) and values for the positions seen so far.
 
     A new query attends to all of them, so they are all the attention of later tokens needs;
-    nothing else of a past position is ever read again.
+    nothing else of a past position is ever read again. One sequence (B = 1); the key/value
+    heads only (Hkv = n_kv_head), which the query heads of a group share.
     """
 
-    k: np.ndarray  # (L, H, C, hd) rotated keys, positions [0, pos) filled
-    v: np.ndarray  # (L, H, C, hd) values
+    k: np.ndarray  # (L, 1, Hkv, C, hd) rotated keys, positions [0, pos) filled
+    v: np.ndarray  # (L, 1, Hkv, C, hd) values
 
 
 def kv_cache_bytes(cfg: Config, itemsize: int, batch: int = 1) -> int:
-    """Bytes of a full KV cache: keys and values of every layer, head and position."""
-    return 2 * cfg.n_layer * batch * cfg.n_head * cfg.seq_len * cfg.head_dim * itemsize
+    """Bytes of a full KV cache: keys and values of every layer, key/value head and position."""
+    return 2 * cfg.n_layer * batch * cfg.n_kv_head * cfg.seq_len * cfg.head_dim * itemsize
 
 
-def _prepare(params: dict[str, np.ndarray], cfg: Config) -> dict:
-    """The weights as the one-position forward uses them, concatenated once, not per token."""
-    dtype = params["wte"].dtype
-    cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)  # (C, hd/2) each
-    return {
-        "wqkv": np.concatenate((params["wq"], params["wk"], params["wv"]), axis=2),  # (L, d, 3d)
-        "w13": np.concatenate((params["w1"], params["w3"]), axis=2),  # (L, d, 2f)
-        "w_out": params["wte"] if cfg.tie_embeddings else params["lm_head"],  # (V, d)
-        "cos": cos.astype(dtype), "sin": sin.astype(dtype),
-    }
+def empty_kv_cache(cfg: Config, dtype: type) -> KVCache:
+    """A KV cache for one sequence of up to seq_len positions, nothing filled yet."""
+    shape = (cfg.n_layer, 1, cfg.n_kv_head, cfg.seq_len, cfg.head_dim)  # (L, 1, Hkv, C, hd)
+    return KVCache(np.empty(shape, dtype), np.empty(shape, dtype))
+
+
+class Prepared(NamedTuple):
+    """What every feed reads and nothing changes: made once per `generate`, not per token."""
+
+    cos: np.ndarray  # (C, (d + dkv)/2) the RoPE tables of every position (`qk_rope_tables`)
+    sin: np.ndarray  # (C, (d + dkv)/2)
+    layers: list[dict[str, np.ndarray]]  # each layer's parameters, `layer_params` views
+
+
+def _prepare(params: dict[str, np.ndarray], cfg: Config) -> Prepared:
+    cos, sin = qk_rope_tables(cfg, cfg.seq_len, params["wte"].dtype)  # (C, (d + dkv)/2)
+    return Prepared(cos, sin, [layer_params(params, l) for l in range(cfg.n_layer)])
 
 
 def _feed(
-    params: dict[str, np.ndarray], cfg: Config, w: dict, kv: KVCache, ids: np.ndarray, pos: int
+    params: dict[str, np.ndarray], cfg: Config, w: Prepared, kv: KVCache, ids: np.ndarray,
+    pos: int,
 ) -> np.ndarray:
     """Run T new tokens `ids` (T,) at positions pos .. pos+T-1; store their k, v; logits (V,).
 
-    The model's forward pass restricted to the new positions: each layer's new queries attend
-    to the cached keys of positions [0, pos) and to the new ones up to themselves.
+    The model's forward pass, its own block functions, restricted to the new positions: each
+    layer's new queries attend to the cached keys of positions [0, pos) and to the new ones up
+    to themselves (`PastKV`). Only the last position goes through the head.
     """
-    T, H, hd, f = len(ids), cfg.n_head, cfg.head_dim, cfg.ffn_hidden
-    P = pos + T
-    cos, sin = w["cos"][pos:P], w["sin"][pos:P]  # (T, hd/2) the new positions' angles
-    scale = params["wte"].dtype.type(1.0 / np.sqrt(hd))
-    mask = np.triu(np.full((T, P), -np.inf, dtype=params["wte"].dtype), k=pos + 1)  # (T, P)
-    h = params["wte"][ids]  # (T, d) residual stream of the new positions
-    for l in range(cfg.n_layer):
-        xb, _ = rmsnorm_forward(h, params["rms_attn"][l], cfg.norm_eps)  # (T, d)
-        qkv = (xb @ w["wqkv"][l]).reshape(T, 3 * H, hd).transpose(1, 0, 2)  # (3H, T, hd)
-        q, _ = rope_forward(qkv[:H], cos, sin)  # (H, T, hd)
-        kv.k[l, :, pos:P], _ = rope_forward(qkv[H : 2 * H], cos, sin)  # (H, T, hd) cached
-        kv.v[l, :, pos:P] = qkv[2 * H :]
-        k, v = kv.k[l, :, :P], kv.v[l, :, :P]  # (H, P, hd) every position so far
-        att = (q * scale) @ k.transpose(0, 2, 1) + mask  # (H, T, P)
-        att = np.exp(att - att.max(axis=-1, keepdims=True))
-        att /= att.sum(axis=-1, keepdims=True)  # (H, T, P) rows sum to 1
-        a = (att @ v).transpose(1, 0, 2).reshape(T, -1)  # (T, d) heads merged
-        h = h + a @ params["wo"][l]
-        x2b, _ = rmsnorm_forward(h, params["rms_ffn"][l], cfg.norm_eps)  # (T, d)
-        h13 = x2b @ w["w13"][l]  # (T, 2f) [gate | up]
-        h = h + (silu(h13[:, :f]) * h13[:, f:]) @ params["w2"][l]
-    xf, _ = rmsnorm_forward(h[-1], params["rms_final"], cfg.norm_eps)  # (d,) last position
-    return xf @ w["w_out"].T  # (V,)
+    T = len(ids)
+    cos, sin = w.cos[pos : pos + T], w.sin[pos : pos + T]  # (T, (d + dkv)/2) new positions
+    h, _ = embedding_forward(params["wte"], np.asarray(ids)[None, :])  # (1, T, d)
+    h = h.reshape(T, cfg.n_embd)  # (T, d) the residual stream of the new positions
+    for l, p in enumerate(w.layers):
+        h, _ = layer_forward(h, p, cfg, cos, sin, PastKV(kv.k[l], kv.v[l], pos))  # (T, d)
+    logits, _ = head_forward(h[-1:], params, cfg)  # (1, V) the last position only
+    return logits[0]  # (V,)
 
 
 def _check_sampling(rng: object, temperature: float, top_k: int | None,
@@ -142,9 +144,7 @@ def generate(
         return np.array(ids, dtype=np.int64)
     check_params(params, cfg)  # what forward checks, since the cached path does not call it
     check_tokens("prompt_ids", np.array(ids[-cfg.seq_len:], dtype=np.int64)[None, :], cfg)
-    w = _prepare(params, cfg)
-    shape = (cfg.n_layer, cfg.n_head, cfg.seq_len, cfg.head_dim)  # (L, H, C, hd)
-    kv = KVCache(np.empty(shape, params["wte"].dtype), np.empty(shape, params["wte"].dtype))
+    w, kv = _prepare(params, cfg), empty_kv_cache(cfg, params["wte"].dtype)
     pos = 0  # positions [0, pos) of the cache hold the context's keys and values
     new = np.array(ids[-cfg.seq_len:], dtype=np.int64)  # (T,) the first feed: the prompt
     for _ in range(max_new_tokens):

@@ -1,7 +1,8 @@
 """The parameter table: each parameter's shape rule, its kind, and whether it gets weight decay.
 One source for every list of parameter names (model, optimizer, command line, tests, benchmarks).
 
-Shape legend: V vocab, d width, L layers, f SwiGLU hidden width.
+Shape legend: V vocab, d width, L layers, f SwiGLU hidden width, dkv = n_kv_head * head_dim
+the width of the keys and of the values (d without grouped-query attention).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ PARAMS: tuple[Param, ...] = (
     Param("wte", lambda c: (c.vocab_size, c.n_embd), "embedding", True, False),
     Param("rms_attn", lambda c: (c.n_layer, c.n_embd), "gain", False, True),
     Param("wq", lambda c: (c.n_layer, c.n_embd, c.n_embd), "matrix", True, True),
-    Param("wk", lambda c: (c.n_layer, c.n_embd, c.n_embd), "matrix", True, True),
-    Param("wv", lambda c: (c.n_layer, c.n_embd, c.n_embd), "matrix", True, True),
+    Param("wk", lambda c: (c.n_layer, c.n_embd, c.kv_dim), "matrix", True, True),
+    Param("wv", lambda c: (c.n_layer, c.n_embd, c.kv_dim), "matrix", True, True),
     Param("wo", lambda c: (c.n_layer, c.n_embd, c.n_embd), "matrix", True, True),
     Param("rms_ffn", lambda c: (c.n_layer, c.n_embd), "gain", False, True),
     Param("w1", lambda c: (c.n_layer, c.n_embd, c.ffn_hidden), "matrix", True, True),

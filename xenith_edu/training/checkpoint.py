@@ -1,4 +1,5 @@
-"""Checkpoints that lose nothing: parameters, AdamW moments, step, random state, config, vocab.
+"""Checkpoints that lose nothing: parameters, AdamW moments, step, random state, config, vocab
+(or, for a BPE model, its tokenizer.json).
 
 One .npz file, written atomically (temporary file, then rename), read with allow_pickle=False
 and checked on load, so that a resumed run continues bit for bit where the saved one stopped.
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model import CharTokenizer, Config, param_shapes
+from ..model import CharTokenizer, Config, param_shapes, tokenizer_of
 from ..tools.util import atomic_write
 
 FORMAT = "xenith-edu checkpoint 1"
@@ -34,6 +35,11 @@ class Checkpoint:
     vocab: str
     rng_state: dict
     train: dict = field(default_factory=dict)
+    tokenizer_spec: str | None = None  # a BPE model's tokenizer.json text; None: characters
+
+    def tokenizer(self):
+        """The run's tokenizer: characters of `vocab`, or BPE from `tokenizer_spec`."""
+        return tokenizer_of(self.vocab, self.tokenizer_spec)
 
     def rng(self) -> np.random.Generator:
         """A generator in exactly the saved state: it draws the same batches the run would have."""
@@ -67,12 +73,14 @@ def save_checkpoint(
     config: Config,
     vocab: str,
     train: dict | None = None,
+    tokenizer_spec: str | None = None,
 ) -> None:
     """Write a checkpoint atomically.
 
     `step` is the number of updates already applied to `params` (and the 1-based count of the
     last one, for AdamW's bias correction); `rng` is the training generator, saved in the state
-    in which it will draw the batch of update `step`; `train` holds the training settings.
+    in which it will draw the batch of update `step`; `train` holds the training settings;
+    `tokenizer_spec` a BPE model's tokenizer.json text (then `vocab` is "").
     """
     if set(params) != set(m) or set(params) != set(v):
         raise ValueError("params, m and v must have the same keys")
@@ -88,6 +96,8 @@ def save_checkpoint(
         "rng_state": rng.bit_generator.state,
         "train": train or {},
     }
+    if tokenizer_spec is not None:
+        meta["tokenizer"] = tokenizer_spec
     arrays = {"meta": np.array(json.dumps(meta))}  # a 0-d unicode array: no pickle needed
     for group, d in zip(GROUPS, (params, m, v), strict=True):
         for k, a in d.items():
@@ -137,7 +147,7 @@ def load_checkpoint(path: str | Path, config: Config | None = None) -> Checkpoin
                          "resume with the settings it was trained with, or start a new run")
     groups = {g: {k: arrays[f"{g}/{k}"] for k in param_shapes(stored)} for g in GROUPS}
     return Checkpoint(groups["params"], groups["m"], groups["v"], meta["step"], stored,
-                      meta["vocab"], meta["rng_state"], meta["train"])
+                      meta["vocab"], meta["rng_state"], meta["train"], meta.get("tokenizer"))
 
 
 def _read_meta(path: Path, raw: np.ndarray) -> dict:
@@ -165,13 +175,16 @@ def _read_meta(path: Path, raw: np.ndarray) -> dict:
     vocab = meta["vocab"]
     if not isinstance(vocab, str):
         raise _bad(path, f"has a vocab that is a {type(vocab).__name__}, not a str: {_AGAIN}")
-    if len(vocab) != stored.vocab_size:
+    if "tokenizer" in meta:
+        _check_bpe(path, meta["tokenizer"], vocab, stored)
+    elif len(vocab) != stored.vocab_size:
         raise _bad(path, f"has a vocab of {len(vocab)} characters but a config with vocab_size "
                          f"{stored.vocab_size}: the file is damaged")
-    try:
-        CharTokenizer(vocab)
-    except ValueError as e:
-        raise _bad(path, f"has a damaged vocab ({e})") from e
+    else:
+        try:
+            CharTokenizer(vocab)
+        except ValueError as e:
+            raise _bad(path, f"has a damaged vocab ({e})") from e
     try:
         generator_from_state(meta["rng_state"])
     except ValueError as e:
@@ -181,6 +194,20 @@ def _read_meta(path: Path, raw: np.ndarray) -> dict:
         raise _bad(path, f"has training settings 'train' that are a {type(train).__name__}, "
                          f"not a record: {_AGAIN}")
     return {**meta, "config": stored, "train": dict(train)}
+
+
+def _check_bpe(path: Path, spec: object, vocab: str, stored: Config) -> None:
+    """A BPE model's tokenizer entry: a tokenizer.json text the library reads, no characters."""
+    if not isinstance(spec, str) or vocab != "":
+        raise _bad(path, f"has a damaged tokenizer entry (a {type(spec).__name__} with a vocab "
+                         f"of {len(vocab)} characters): {_AGAIN}")
+    try:
+        size = tokenizer_of(vocab, spec).vocab_size
+    except ValueError as e:
+        raise _bad(path, f"has a tokenizer that cannot be used ({e})") from e
+    if size > stored.vocab_size:
+        raise _bad(path, f"has a tokenizer of {size} tokens but a config with vocab_size "
+                         f"{stored.vocab_size}: the file is damaged")
 
 
 def _check_arrays(path: Path, arrays: dict[str, np.ndarray], shapes: dict[str, tuple]) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model import CharTokenizer
+from ..model.tokenizer import Tokenizer
 
 # Shape legend: B batch (sequences per step), S positions (seq_len), T tokens in a split.
 
@@ -51,8 +52,8 @@ def split_ids(
 
 
 def prepare_data(
-    text: str, seq_len: int, tokenizer: CharTokenizer | None = None
-) -> tuple[CharTokenizer, np.ndarray, np.ndarray]:
+    text: str, seq_len: int, tokenizer: Tokenizer | None = None
+) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
     """Tokenizer (built from `text` if None), training and validation ids, checked for length.
 
     Each split must hold at least seq_len + 1 tokens: one window and its shifted targets.

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..model import CharTokenizer, Config, init_params
+from ..model import Config, init_params
+from ..model.tokenizer import Tokenizer
 from .config import TrainConfig
 from .data import get_batch, load_text, prepare_data
+from .finetune import check_init, init_state, load_init, run_config
 from .optim import lr_at, zeros_like_params
 from .runlog import (
     RunLog,
@@ -45,7 +47,7 @@ class TrainResult:
     params: Params
     config: Config
     train_config: TrainConfig
-    tokenizer: CharTokenizer
+    tokenizer: Tokenizer
     step: int  # updates applied
     val_loss: float  # the last evaluation, on the fixed validation batches
     train_loss: float  # the final evaluation on fixed training batches
@@ -56,15 +58,37 @@ class TrainResult:
 
 
 def load_data(tc: TrainConfig, ckpt: Checkpoint | None,
-              resume: str | Path | None) -> tuple[CharTokenizer, np.ndarray, np.ndarray]:
-    """The tokenizer (the checkpoint's, when resuming) and the training and validation ids."""
+              resume: str | Path | None) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
+    """The tokenizer (the checkpoint's, when resuming or fine-tuning) and the training and
+    validation ids."""
     try:
-        return prepare_data(load_text(tc.text), tc.seq_len,
-                            CharTokenizer(ckpt.vocab) if ckpt else None)
+        return prepare_data(load_text(tc.text), tc.seq_len, ckpt.tokenizer() if ckpt else None)
     except ValueError as e:
         source = "the shipped text" if tc.text is None else f"text file '{tc.text}'"
         fit = f" does not fit checkpoint '{resume}'" if ckpt else ""
         raise ValueError(f"{source}{fit}: {e}") from None
+
+
+def checkpoints(out_dir: str | Path, resume: str | Path | None, overwrite: bool,
+                init: str | Path | None) -> tuple[Path, Checkpoint | None, Checkpoint | None]:
+    """The run directory, the checkpoint to resume and the one to fine-tune (each or None)."""
+    if init is not None and resume is not None:
+        raise ValueError("init starts a new run and resume continues one: give only one")
+    out_dir, ckpt = check_run_dir(out_dir, resume, overwrite), load_resume(resume)
+    return out_dir, ckpt, load_init(init) if init is not None else None
+
+
+def data_and_model(tc: TrainConfig, ckpt: Checkpoint | None, resume: str | Path | None,
+                   base: Checkpoint | None, init: str | Path | None) -> tuple:
+    """The tokenizer, the training and validation ids, and the model's Config, checked against
+    the checkpoint the run resumes (`ckpt`) or fine-tunes (`base`)."""
+    tokenizer, train_ids, val_ids = load_data(tc, ckpt or base, resume or init)
+    cfg = run_config(tc, tokenizer.vocab_size, ckpt or base)
+    if ckpt is not None:
+        check_resume(ckpt, resume, cfg, tc.steps)
+    if base is not None:
+        check_init(init, base, cfg, tc)
+    return tokenizer, train_ids, val_ids, cfg
 
 
 def initial_state(tc: TrainConfig, cfg: Config, ckpt: Checkpoint | None
@@ -102,6 +126,7 @@ def train(
     progress: bool | None = None,
     verbose: bool = True,
     ranks: DataParallel | None = None,
+    init: str | Path | None = None,
 ) -> TrainResult:
     """Train a model with settings `tc`; write checkpoint, log and loss curve into `out_dir`.
 
@@ -109,24 +134,23 @@ def train(
     tqdm bar (None: only on a terminal). `ranks`: the processes of a data-parallel run
     (`xenith_edu.parallel`), of which rank 0 alone writes. Raises ValueError for bad input
     before any file is written, and TrainingDiverged (leaving the last good checkpoint intact)
-    if the loss stops being finite.
+    if the loss stops being finite. `init`: a checkpoint to fine-tune (see `finetune`).
     """
     t_start = time.perf_counter()
     if not isinstance(tc, TrainConfig):  # config and run directory
         raise TypeError(f"tc must be a TrainConfig, got {type(tc).__name__}")
-    out_dir, ckpt = check_run_dir(out_dir, resume, overwrite), load_resume(resume)
-    tokenizer, train_ids, val_ids = load_data(tc, ckpt, resume)  # data
-    cfg = tc.model_config(tokenizer.vocab_size)  # model
-    if ckpt is not None:
-        check_resume(ckpt, resume, cfg, tc.steps)
+    out_dir, ckpt, base = checkpoints(out_dir, resume, overwrite, init)
+    tokenizer, train_ids, val_ids, cfg = data_and_model(tc, ckpt, resume, base, init)
     if ranks is not None:
         ranks.ready(tc)  # every rank has passed the checks above
-    params, m, v, start, rng = initial_state(tc, cfg, ckpt)  # parameters, optimizer, batches
+    params, m, v, start, rng = (init_state(base, tc) if base is not None
+                                else initial_state(tc, cfg, ckpt))  # params, optimizer, batches
     windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)
     workers = ranks or ThreadShards(tc.threads, tc.recompute)  # ranks, or threads, share a batch
     evaluate_fn = ranks.evaluate if ranks else evaluate
     log = RunLog(out_dir, tc, cfg, tokenizer.vocab, start, resume, progress=progress,
-                 verbose=verbose, write=ranks is None or ranks.is_root)
+                 verbose=verbose, write=ranks is None or ranks.is_root,
+                 tokenizer_spec=getattr(tokenizer, "spec", None))
     val_loss = train_loss = math.nan
     finished = False
     try:
@@ -155,4 +179,5 @@ def train(
                        time.perf_counter() - t_start, out_dir, comm_ms)
 
 
-__all__ = ["TrainResult", "evaluate_at", "initial_state", "load_data", "train"]
+__all__ = ["TrainResult", "checkpoints", "data_and_model", "evaluate_at", "initial_state",
+           "load_data", "train"]

@@ -125,8 +125,9 @@ class RunLog:
 
     def __init__(self, out_dir: Path, tc: Any, cfg: Config, vocab: str, start: int,
                  resume: str | Path | None, *, progress: bool | None, verbose: bool,
-                 write: bool = True) -> None:
+                 write: bool = True, tokenizer_spec: str | None = None) -> None:
         self.out_dir, self.tc, self.cfg, self.vocab, self.write = out_dir, tc, cfg, vocab, write
+        self.tokenizer_spec = tokenizer_spec  # a BPE run's tokenizer.json, saved with each ckpt
         self.echo = tqdm.write if verbose and write else (lambda s: None)
         self.verbose = verbose and write
         self.last_ckpt = f"{resume} (step {start})" if resume is not None else None
@@ -162,7 +163,8 @@ class RunLog:
         """Params after `step` updates, the moments, and `rng` ready to draw batch `step`."""
         path = self.out_dir / CHECKPOINT
         if self.write:
-            save_checkpoint(path, params, m, v, step, rng, self.cfg, self.vocab, asdict(self.tc))
+            save_checkpoint(path, params, m, v, step, rng, self.cfg, self.vocab, asdict(self.tc),
+                            self.tokenizer_spec)
         self.last_ckpt = f"{path} (step {step})"
 
     def train(self, step: int, loss: float, lr: float, norm: float, seconds: float,

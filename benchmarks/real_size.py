@@ -1,0 +1,191 @@
+"""One training step at a real model's size: SmolLM-135M's shape, NumPy against PyTorch eager.
+Forward + backward, float32, alternating separate processes in one run, with each one's peak memory.
+
+The shape: d 576, 9 query heads and 3 key/value heads (grouped-query attention), 30 layers,
+SwiGLU hidden 1536, vocabulary 49152, tied embeddings; one sequence (B 1) of 256 positions.
+The weights are random (nothing is downloaded): the step's cost does not depend on their values.
+Each library runs in its own process (their thread pools would fight over the cores in one),
+with the same weights, tokens and thread count; rounds alternate so that a noisy neighbour
+hurts both alike, and medians compare. Peak memory is the process's resident peak during the
+timed steps (Linux's VmHWM, reset once the weights are built), and above the weights. The
+processes' CPU seconds per step are reported too: steadier than wall time on a busy machine.
+Run: python benchmarks/real_size.py [--rounds 3] [--steps 2] [--threads 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from xenith_edu.model.config import Config
+from xenith_edu.model.params import PARAM, param_shapes
+
+CFG = Config(vocab_size=49152, n_embd=576, n_head=9, n_layer=30, ffn_hidden=1536,
+             seq_len=256, tie_embeddings=True, n_kv_head=3)
+B, S = 1, 256
+
+
+def make_params(seed: int = 0) -> dict[str, np.ndarray]:
+    """Weights N(0, 0.02²) and unit gains in float32, drawn in place: no float64 copy."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in param_shapes(CFG).items():
+        if PARAM[name].kind == "gain":
+            params[name] = np.ones(shape, np.float32)
+        else:
+            params[name] = rng.standard_normal(shape, dtype=np.float32)
+            params[name] *= np.float32(0.02)
+    return params
+
+
+def tokens(seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, CFG.vocab_size, (B, S)), rng.integers(0, CFG.vocab_size, (B, S)))
+
+
+def rss_mib(field: str) -> float:
+    """VmRSS (now) or VmHWM (peak since the last reset) of this process, MiB (Linux)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def reset_peak() -> None:
+    """Make VmHWM start again from the current resident size (Linux 4.0 on)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def numpy_step(params: dict, x: np.ndarray, y: np.ndarray):
+    from xenith_edu import loss_and_grads  # in the child only: the parent imports no model
+
+    def step() -> float:
+        return loss_and_grads(params, CFG, x, y)[0]
+
+    return step
+
+
+def torch_step(params: dict, x: np.ndarray, y: np.ndarray, threads: int):
+    import torch  # in the torch child only: the package never imports torch
+    import torch.nn.functional as F  # noqa: N812
+
+    torch.set_num_threads(threads)
+    p = {k: torch.from_numpy(v).requires_grad_() for k, v in params.items()}  # shared memory
+    H, Hkv, hd, L = CFG.n_head, CFG.n_kv_head, CFG.head_dim, CFG.n_layer
+    ang = torch.arange(S)[:, None] * CFG.rope_theta ** (-torch.arange(0, hd, 2) / hd)[None, :]
+    cos, sin = torch.cos(ang).float(), torch.sin(ang).float()  # (S, hd/2)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+
+    def rope(u):  # (B, heads, S, hd), interleaved pairs as the book's model
+        ue, uo = u[..., 0::2], u[..., 1::2]
+        return torch.stack((ue * cos - uo * sin, ue * sin + uo * cos), dim=-1).flatten(-2)
+
+    def rms(u, w):
+        return u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + CFG.norm_eps) * w
+
+    def loss_fn():
+        h = p["wte"][xt]  # (B, S, d)
+        for l in range(L):
+            xb = rms(h, p["rms_attn"][l])
+            q = (xb @ p["wq"][l]).view(B, S, H, hd).transpose(1, 2)
+            k = (xb @ p["wk"][l]).view(B, S, Hkv, hd).transpose(1, 2)
+            v = (xb @ p["wv"][l]).view(B, S, Hkv, hd).transpose(1, 2)
+            a = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True,
+                                               enable_gqa=True)
+            h = h + a.transpose(1, 2).reshape(B, S, -1) @ p["wo"][l]
+            x2b = rms(h, p["rms_ffn"][l])
+            h = h + (F.silu(x2b @ p["w1"][l]) * (x2b @ p["w3"][l])) @ p["w2"][l]
+        logits = rms(h, p["rms_final"]) @ p["wte"].T
+        return F.cross_entropy(logits.view(-1, CFG.vocab_size), yt.view(-1))
+
+    def step() -> float:
+        for t in p.values():
+            t.grad = None
+        loss = loss_fn()
+        loss.backward()
+        return loss.item()
+
+    return step
+
+
+def child(lib: str, steps: int, warmup: int, threads: int) -> dict:
+    params = make_params()
+    x, y = tokens()
+    step = numpy_step(params, x, y) if lib == "numpy" else torch_step(params, x, y, threads)
+    weights = rss_mib("VmRSS")
+    reset_peak()
+    times, cpu = [], []
+    for i in range(warmup + steps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        loss = step()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    peak = rss_mib("VmHWM")
+    return {"lib": lib, "step_s": statistics.median(times), "cpu_s": statistics.median(cpu),
+            "loss": loss,
+            "weights_rss_mib": round(weights, 1), "peak_rss_mib": round(peak, 1),
+            "peak_above_weights_mib": round(peak - weights, 1)}
+
+
+def run_child(lib: str, args: argparse.Namespace) -> dict:
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": str(args.threads),
+           "OMP_NUM_THREADS": str(args.threads)}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", lib, "--steps",
+           str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def summary(results: dict[str, list[dict]]) -> dict:
+    med = {lib: {f: statistics.median(r[f] for r in rs) for f in
+                 ("step_s", "cpu_s", "peak_rss_mib", "peak_above_weights_mib", "weights_rss_mib")}
+           for lib, rs in results.items()}
+    n, t = med["numpy"], med["torch"]
+    return {"config": {"d": CFG.n_embd, "H": CFG.n_head, "Hkv": CFG.n_kv_head,
+                       "L": CFG.n_layer, "f": CFG.ffn_hidden, "V": CFG.vocab_size, "S": S,
+                       "B": B, "tied": CFG.tie_embeddings},
+            "median": med, "ratio_numpy_over_torch": round(n["step_s"] / t["step_s"], 3),
+            "cpu_ratio_numpy_over_torch": round(n["cpu_s"] / t["cpu_s"], 3),
+            "peak_ratio": round(n["peak_rss_mib"] / t["peak_rss_mib"], 3),
+            "losses": {lib: [r["loss"] for r in rs] for lib, rs in results.items()},
+            "rounds": {lib: [round(r["step_s"], 3) for r in rs] for lib, rs in results.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per run (default 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    parser.add_argument("--threads", type=int, default=2, help="threads for both (default 2)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--child", choices=("numpy", "torch"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.steps, args.warmup, args.threads)))
+        return
+    results: dict[str, list[dict]] = {"numpy": [], "torch": []}
+    for r in range(args.rounds):
+        for lib in results:
+            results[lib].append(run_child(lib, args))
+            res = results[lib][-1]
+            print(f"round {r + 1} {lib:6s} step {res['step_s']:.3f} s (cpu "
+                  f"{res['cpu_s']:.3f} s)  peak {res['peak_rss_mib']:.0f} MiB "
+                  f"({res['peak_above_weights_mib']:.0f} above the weights)  loss "
+                  f"{res['loss']:.5f}", file=sys.stderr, flush=True)
+    out = summary(results)
+    print(json.dumps(out) if args.json else json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
