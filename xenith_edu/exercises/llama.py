@@ -1,7 +1,7 @@
 """Exercises of the "A real LLaMA" chapter: the loss of a padded batch and its gradient, and a
 grouped-query checkpoint's k_proj in the book's layout.
 
-See the chapter "A real LLaMA"; each check names the usual mistakes.
+See the "A real LLaMA" chapter; each check names the usual mistakes.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def check_padded_cross_entropy(fn: Callable) -> CheckResult:
     """`fn(logits (N, V), targets (N,), ignore_index) -> (loss, dlogits (N, V))`: the mean over
     the positions whose target is not `ignore_index`, and its gradient.
 
-    See the chapter "A real LLaMA".
+    See the "A real LLaMA" chapter.
     """
     return check(PADDED, fn)
 
@@ -165,7 +165,7 @@ WK = Spec(
 def check_wk_from_hf(fn: Callable) -> CheckResult:
     """`fn(weight (Hkv*hd, d) k_proj, rotate-half; n_head; n_kv_head) -> wk (d, Hkv*hd)`.
 
-    See the chapter "A real LLaMA".
+    See the "A real LLaMA" chapter.
     """
     return check(WK, fn)
 
