@@ -30,11 +30,12 @@ from pathlib import Path
 import numpy as np
 
 from ..tools.util import atomic_write_text
-from . import sandbox, wire
+from . import roster, sandbox, wire
 from .journal import Journal, fingerprint, group_readable
 from .roster import Exercise, learner_notebooks, match, submissions, teacher_exercises
 
-STATUSES = ("passed", "failed", "not attempted", "delegated", "missing", "notebook error")
+STATUSES = ("passed", "failed", "not attempted", "delegated", "missing", "notebook error",
+            wire.PROTOCOL_ERROR, roster.UNREADABLE, roster.OVER_LIMIT, roster.COLLISION)
 CSV_FIELDS = ("learner", "notebook", "exercise", "status", "message")
 DEFAULT_TIMEOUT = 120.0  # seconds for one notebook's cells
 CALL_TIME = 10.0  # seconds for one exercise's calls (every case and probe)
@@ -88,18 +89,6 @@ def _seed(options: Options, learner: str, nb: str, ex: str) -> int:
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
 
 
-def _processes_of_mine() -> int:
-    """Processes and threads of this uid now (RLIMIT_NPROC counts them all)."""
-    count = 0
-    for name in os.listdir("/proc"):
-        try:
-            if name.isdigit() and os.stat(f"/proc/{name}").st_uid == os.getuid():
-                count += len(os.listdir(f"/proc/{name}/task"))
-        except OSError:
-            pass
-    return count
-
-
 def build_request(learner: str, plan: list[tuple[str, str, list[Exercise]]],
                   options: Options, home: str) -> tuple[dict, list[bytes], dict]:
     """The sandbox's request, the inputs frame of each notebook (sent once its cells have
@@ -118,9 +107,7 @@ def build_request(learner: str, plan: list[tuple[str, str, list[Exercise]]],
         notebooks.append({"path": f"{home}/{rel}", "exercises": entries})
         frames.append(wire.pack({"op": "inputs", "nb": i, "exercises": trees}, blobs))
     limits = options.limits.as_dict()
-    if os.getuid() != 0:  # the sandbox shares the teacher's uid, whose processes count too
-        limits["nproc"] = limits["nproc"] + _processes_of_mine() if os.path.isdir("/proc") \
-            else None
+    limits["nproc"] = sandbox.nproc_limit(limits["nproc"])
     n = sum(len(nb["exercises"]) for nb in notebooks)
     limits["cpu"] = min(limits["cpu"], int(options.timeout + options.call_time * (n + 1) + 30))
     msg = {"notebooks": notebooks, "exec_time": options.timeout, "call_time": options.call_time,
@@ -138,30 +125,10 @@ def _records():
     return InPlace, NotCallable, Opaque, Raised
 
 
-def _changed(before: object, after: object) -> bool:
-    if not isinstance(before, np.ndarray):
-        return False
-    return not (isinstance(after, np.ndarray) and after.shape == before.shape
-                and after.dtype == before.dtype and np.array_equal(after, before, equal_nan=True))
-
-
 def outcome_of(result: dict, blobs: list[bytes], args: tuple) -> tuple[object, list[str]]:
-    """One call's outcome as `judge` takes it, and the package functions it delegated to."""
-    InPlace, _, Opaque, Raised = _records()
-    raised = result.get("raised")
-    if raised is not None:
-        if not (isinstance(raised, list) and len(raised) == 3
-                and all(isinstance(x, str) for x in raised)):
-            raise wire.ChannelError("a malformed exception record")
-        return Raised(*(x[:2000] for x in raised)), _names(result)
-    value = wire.decode_value(result.get("out"), blobs, Opaque)
-    after = result.get("after")
-    if not isinstance(after, list) or len(after) != len(args):
-        raise wire.ChannelError("the arguments did not come back")
-    for i, (before, tree) in enumerate(zip(args, after, strict=True)):
-        if _changed(before, wire.decode_value(tree, blobs, Opaque)):
-            return InPlace(i), _names(result)
-    return value, _names(result)
+    """One call's outcome as `judge` takes it (decided in the sandbox by the exercise floor's
+    one runner, `outcomes.run`), and the package functions it delegated to."""
+    return wire.decode_outcome(result.get("outcome"), blobs, len(args)), _names(result)
 
 
 def _names(result: dict) -> list[str]:
@@ -302,12 +269,16 @@ def sandbox_seconds(plan: list, options: Options) -> float:
 def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exercise]]],
                   options: Options, slot: int, fonts: list) -> tuple[list[tuple], dict]:
     """The rows (notebook, exercise, status, message) of one learner, and the seeds used."""
+    found = roster.walk(source)
+    if found.over:  # nothing of it is read, nor run
+        why = f"[over the limit] not graded: {found.over}"
+        return [("", e.id, roster.OVER_LIMIT, why) for _, ex in teacher for e in ex], {}
     mine = learner_notebooks(source)
     if not mine:
         return [("", "", "notebook error", "no notebook (.ipynb) in this folder")], {}
     matched = match([name for name, _ in teacher], mine)
     plan = [(name, matched[name], ex) for name, ex in teacher if matched[name] is not None]
-    problem, replies, kept, retry = None, [], {}, False
+    problem, replies, kept, retry, tampered = None, [], {}, False, None
     if plan:
         tmp = Path(tempfile.mkdtemp(prefix="xenith-grade-"))
         try:
@@ -316,7 +287,7 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
             msg, frames, kept = build_request(learner, plan, options, home)
             run = sandbox.run_sandbox(copy, msg, frames, sandbox_seconds(plan, options), slot,
                                       fonts)
-            problem = run.problem or _setup_error(run)
+            problem, tampered = run.problem or _setup_error(run), run.tampered
             # a sandbox that never got ready failed before any learner code ran: not a grade
             retry = bool(problem) and all(m.get("op") != "ready" for m, _ in run.frames)
             replies = sort_frames(run.frames, len(plan))
@@ -329,9 +300,15 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
         i = at.get(name)
         reply = replies[i] if i is not None and i < len(replies) else None
         rows += notebook_rows(name, matched[name], exercises, kept, reply, problem, options)
+    if tampered:  # the learner's code wrote on the channel: nothing it sent counts
+        rows = [(nb, ex, wire.PROTOCOL_ERROR, wire.tampering(tampered)) for nb, ex, _, _ in rows
+                if ex] or [("", "", wire.PROTOCOL_ERROR, wire.tampering(tampered))]
     seeds = {f"{nb}/{ex}": seed for (nb, ex), (seed, _) in kept.items()}
     seeds.update({f"{name}/seconds of its cells": r.ran.get("seconds") for (name, _, _), r
                   in zip(plan, replies, strict=False) if r.ran is not None})
+    if found.unreadable:
+        rows.append(("", "", roster.UNREADABLE, "not opened, not copied to the sandbox: "
+                     + "; ".join(found.unreadable[:20])[:2000]))
     if retry:
         seeds["retry"] = True
     return rows, seeds
@@ -441,7 +418,7 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
         learner, source, problem = entry
         key = source.name if source is not None else learner
         if source is None:
-            rows = [("", "", "notebook error", problem)]
+            rows = [("", "", problem.status, problem.text)]
         else:
             stamp = fingerprint(source)
             record = journal.done(key, stamp)
@@ -453,7 +430,7 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
                 found, seeds = grade_learner(learner, source, teacher, options, slot, fonts)
             finally:
                 slots.put(slot)
-            prefix = f"{source.name}/" if source.is_dir() else ""
+            prefix = f"{roster.display(source.name)}/" if source.is_dir() else ""
             rows = [(learner, prefix + nb if nb else "", ex, st, msg)
                     for nb, ex, st, msg in found]
             if sandbox.ABORT.is_set():
