@@ -107,6 +107,7 @@ except ImportError as exc:
     got = type(exc).__name__
 raise RuntimeError(f"CATALOGUE {listed} {got}")
 '''
+SURROGATE = "def my_linear_backward(dY, X, W):\n    raise ValueError('half a pair: \\udcff')\n"
 CYCLIC = "def my_linear_backward(dY, X, W):\n    a = []\n    a.append(a)\n    return a, a\n"
 
 
@@ -152,6 +153,7 @@ def _class(root: Path) -> dict:
                        ("catalogue", CATALOGUE)):
         write(lesson(after=(cell,)), subs / f"{name}.ipynb")
     write(lesson(linear=CYCLIC), subs / "cyclic.ipynb")
+    write(lesson(linear=SURROGATE), subs / "surrogate.ipynb")
     return {"subs": subs, "inst": inst, "csv": root / "grades.csv", "server": server,
             "deep": deep}
 
@@ -275,6 +277,11 @@ def test_every_writable_place_is_size_capped(hostile):
     assert "/big.bin: Read-only file system" in text
     assert "written" not in text
     assert passed(hostile, "fill")
+
+
+def test_a_message_no_file_can_hold_is_escaped(hostile):
+    assert statuses(hostile, "surrogate")["linear_backward"] == "failed"
+    assert "half a pair: \\udcff" in message(hostile, "surrogate", "linear_backward")
 
 
 def test_a_cyclic_answer_is_judged_not_crashed(hostile):

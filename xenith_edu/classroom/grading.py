@@ -428,6 +428,10 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
             t0 = time.monotonic()
             try:
                 found, seeds = grade_learner(learner, source, teacher, options, slot, fonts)
+            except (OSError, ValueError, RuntimeError) as exc:  # one learner never stops a class
+                why = roster.display(f"{type(exc).__name__}: {exc}")[:300]
+                found, seeds = [("", "", "notebook error", f"the grader could not grade this "
+                                 f"submission ({why}); --resume tries again")], {"retry": True}
             finally:
                 slots.put(slot)
             prefix = f"{roster.display(source.name)}/" if source.is_dir() else ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import numbers
 import os
+import re
 import select
 import struct
 import time
@@ -28,6 +29,7 @@ MAX_DEPTH = 64  # nesting of a learner's tuples and lists
 MAX_ELEMENTS = 2**28  # elements of one array that comes back
 MAX_INT = 2**63  # integers that travel fit in int64
 MAX_TEXT = 100_000  # characters of a string that travels
+LONE_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # a JSON escape of half a UTF-16 pair
 NUMERIC_KINDS = "biufc"  # bool, int, unsigned, float, complex: the only dtypes that travel
 # the dtype strings that may come back, in either byte order: numpy's .str of each plain type
 DTYPES = frozenset(np.dtype(c).newbyteorder(o).str for c in "?bBhHiIlLqQefdFD" for o in "<>")
@@ -214,7 +216,10 @@ def unpack(payload: bytes) -> tuple[dict, list[bytes]]:
     if n > min(MAX_HEADER, len(payload) - 4):
         raise Tampered("a frame's header is too long")
     try:
-        header = json.loads(payload[4:4 + n].decode())
+        text = payload[4:4 + n].decode()
+        header = json.loads(text)
+        if LONE_SURROGATE.search(text):  # JSON may spell text that no file can hold
+            header = _clean(header)
     except (ValueError, RecursionError):
         raise Tampered("a frame's header is not JSON") from None
     if type(header) is not dict or type(header.get("msg")) is not dict or \
@@ -229,6 +234,17 @@ def unpack(payload: bytes) -> tuple[dict, list[bytes]]:
     if at != len(payload):
         raise Tampered("a frame has trailing bytes")
     return header["msg"], blobs
+
+
+def _clean(tree: object) -> object:
+    """`tree` with every lone surrogate of its strings escaped (a CSV could not hold them)."""
+    if isinstance(tree, str):
+        return tree.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(tree, list):
+        return [_clean(x) for x in tree]
+    if isinstance(tree, dict):
+        return {_clean(k): _clean(v) for k, v in tree.items()}
+    return tree
 
 
 def write_frame(fd: int, frame: bytes) -> None:
