@@ -108,6 +108,15 @@ except ImportError as exc:
 raise RuntimeError(f"CATALOGUE {listed} {got}")
 '''
 SURROGATE = "def my_linear_backward(dY, X, W):\n    raise ValueError('half a pair: \\udcff')\n"
+MATERIAL = "from xenith_edu.exercises.backward import buggy_stack_backward, stack_forward"
+USE_MATERIAL = """\
+import xenith_edu.exercises.backward as b
+hs = stack_forward(np.ones((2, 3)), np.ones((1, 3)), np.ones((1, 3, 3)), 1e-5)
+assert len(hs) == 2 and buggy_stack_backward(hs[1], hs[0], *[np.ones((1, 3, 3))[:, 0],
+                                                             np.ones((1, 3, 3))], 1e-5)
+held = sorted(n for n in vars(b) if not n.startswith("_"))
+assert held == ["annotations", "buggy_stack_backward", "np", "rms_parts", "stack_forward"], held
+"""
 CYCLIC = "def my_linear_backward(dY, X, W):\n    a = []\n    a.append(a)\n    return a, a\n"
 
 
@@ -119,8 +128,9 @@ def _folder(subs: Path, name: str) -> Path:
 
 def _class(root: Path) -> dict:
     subs, inst = root / "subs", root / "inst"
-    write(lesson(), inst / "lesson.ipynb")
+    write(lesson(MATERIAL), inst / "lesson.ipynb")  # the teacher's helpers: in the sandbox
     write(lesson(), subs / "honest.ipynb")
+    write(lesson(MATERIAL, USE_MATERIAL), subs / "material.ipynb")
     os.mkfifo(_folder(subs, "fifo") / "pipe")
     here = os.getcwd()
     os.chdir(_folder(subs, "socket"))
@@ -202,7 +212,7 @@ def message(hostile, learner: str, exercise: str = "") -> str:
 
 
 def test_the_honest_learners_pass_and_the_class_is_complete(hostile):
-    for learner in ("honest", "fifo", "socket", "badname", "caf\\xe9", "link", "proc_channel",
+    for learner in ("honest", "material", "fifo", "socket", "badname", "caf\\xe9", "link", "proc_channel",
                     "catalogue", "dup.ipynb", "dup/"):
         assert passed(hostile, learner), learner
     with hostile["csv"].open(newline="", encoding="utf-8") as f:
@@ -264,6 +274,10 @@ def test_a_forged_cells_ran_finds_no_catalogue_and_is_a_protocol_error(hostile):
 def test_the_catalogue_is_not_in_the_sandbox_even_without_the_import_fence(hostile):
     text = message(hostile, "catalogue")
     assert "CATALOGUE ['outcomes.py'] ModuleNotFoundError" in text and "imported" not in text
+
+
+def test_the_teacher_s_helpers_are_in_the_sandbox_without_their_module(hostile):
+    assert "" not in hostile["by"]["material"]  # its cells ran: the helpers, nothing else
 
 
 def test_the_parent_s_channel_is_not_reachable_through_proc(hostile):

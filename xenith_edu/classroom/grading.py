@@ -32,6 +32,7 @@ import numpy as np
 from ..tools.util import atomic_write_text
 from . import roster, sandbox, wire
 from .journal import Journal, fingerprint, group_readable
+from .material import material
 from .roster import Exercise, learner_notebooks, match, submissions, teacher_exercises
 
 STATUSES = ("passed", "failed", "not attempted", "delegated", "missing", "notebook error",
@@ -49,6 +50,7 @@ class Options:
     call_time: float = CALL_TIME
     limits: sandbox.Limits = field(default_factory=sandbox.Limits)
     seed: int | None = None  # None: a fresh random seed for every learner and exercise
+    material: dict = field(default_factory=dict)  # what the teacher's cells import (material.py)
 
 
 def _specs() -> dict:
@@ -111,7 +113,7 @@ def build_request(learner: str, plan: list[tuple[str, str, list[Exercise]]],
     n = sum(len(nb["exercises"]) for nb in notebooks)
     limits["cpu"] = min(limits["cpu"], int(options.timeout + options.call_time * (n + 1) + 30))
     msg = {"notebooks": notebooks, "exec_time": options.timeout, "call_time": options.call_time,
-           "limits": limits}
+           "limits": limits, "material": options.material}
     return msg, frames, kept
 
 
@@ -383,6 +385,8 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     entries = submissions(root, skip)
     teacher = teacher_exercises(None if instructor is None else _as_path(instructor, "instructor"),
                        entries)
+    options.material = material(roster.teacher_sources(
+        None if instructor is None else _as_path(instructor, "instructor"), teacher))
     sandbox.check_works()
     journal = Journal(journal_path, _key(teacher), resume)
     if not sandbox.bwrap():

@@ -259,6 +259,16 @@ def match(teacher: list[str], mine: list[str]) -> dict[str, str | None]:
 
 
 
+def teacher_sources(instructor: Path | None, teacher: list[tuple[str, list[Exercise]]]
+                    ) -> list[str]:
+    """The code cells of the teacher's notebooks that are graded."""
+    from .student import _read_notebook
+
+    names = {name for name, _ in teacher}
+    return [cell.source for p in _instructor(instructor) if p.name in names
+            for cell in _read_notebook(p).cells if cell.cell_type == "code"]
+
+
 def teacher_exercises(instructor: Path | None, entries: list) -> list[tuple[str, list[Exercise]]]:
     teacher = [(p.name, instructor_exercises(p)) for p in _instructor(instructor)]
     teacher = [(name, ex) for name, ex in teacher if ex]

@@ -37,6 +37,7 @@ CHECK_LINE = re.compile(r"^(\s*)(?:_\s*=\s*|assert\s+)?check_\w+\(\s*[A-Za-z_]\w
 EXEC_GRACE = 5.0  # seconds past the notebook's own time limit before the parent stops it
 CATALOGUE = "xenith_edu.exercises"  # the boot installs it as a fence: see `fence_catalogue`
 OPEN_MODULES = ("outcomes",)  # the exercise floor's modules the sandbox may import
+_MATERIAL: dict[str, str] = {}  # catalogue module -> the teacher's helpers' source
 _STATE: dict = {"active": None, "hits": set()}  # the exercise being called, and the calls seen
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -60,7 +61,7 @@ def main() -> None:
         fill_home(msg.get("copy"), msg.get("home"))
         _set_limits(msg["limits"])
         os.environ["MPLBACKEND"] = "Agg"
-        fence_catalogue()
+        fence_catalogue(msg.get("material") or {})
         for exercises in (nb["exercises"] for nb in msg["notebooks"]):
             for ex in exercises:
                 ex["wrapped"] = _wrap(ex["id"], ex["targets"])
@@ -165,12 +166,16 @@ class _Fence(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return module
 
     def exec_module(self, module) -> None:
-        pass
+        source = _MATERIAL.get(module.__name__)
+        if source:  # the teacher's helpers of this module: cut out by the grader, no reference
+            exec(compile(source, f"<{module.__name__}>", "exec"), module.__dict__)
 
 
-def fence_catalogue() -> None:
+def fence_catalogue(material: dict) -> None:
     """Finish the fence the boot put up (an empty `xenith_edu.exercises` whose path holds, in
-    the sandbox, only the runner): `check_*` become no-ops, anything else is refused."""
+    the sandbox, only the runner): `check_*` become no-ops, the teacher's `material` (module
+    -> source) is what its modules hold, anything else is refused."""
+    _MATERIAL.update({k: v for k, v in material.items() if isinstance(v, str)})
     fence = sys.modules.get(CATALOGUE)
     if fence is None or not getattr(fence, "_xenith_fence", False):
         return  # started without the boot's fence (a test): nothing to finish
