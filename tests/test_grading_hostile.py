@@ -212,8 +212,8 @@ def message(hostile, learner: str, exercise: str = "") -> str:
 
 
 def test_the_honest_learners_pass_and_the_class_is_complete(hostile):
-    for learner in ("honest", "material", "fifo", "socket", "badname", "caf\\xe9", "link", "proc_channel",
-                    "catalogue", "dup.ipynb", "dup/"):
+    for learner in ("honest", "material", "fifo", "socket", "badname", "caf\\xe9", "link",
+                    "proc_channel", "catalogue", "dup.ipynb", "dup/"):
         assert passed(hostile, learner), learner
     with hostile["csv"].open(newline="", encoding="utf-8") as f:
         assert list(csv.DictReader(f)) == hostile["rows"]
