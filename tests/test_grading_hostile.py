@@ -261,6 +261,12 @@ def test_a_notebook_and_a_folder_of_one_name_are_graded_apart_and_reported(hosti
         "dup/lesson.ipynb"
 
 
+def test_the_report_shows_the_tampering_and_the_limits(hostile):
+    report = hostile["csv"].with_name("grades.md").read_text(encoding="utf-8")
+    for text in ("[protocol error]", "wrote on the grader's channel", "[over the limit]"):
+        assert text in report, text
+
+
 @pytest.mark.parametrize("learner", sorted(FORGED))
 def test_a_forged_frame_is_that_learner_s_protocol_error(hostile, learner):
     assert set(statuses(hostile, learner).values()) == {"protocol error"}
