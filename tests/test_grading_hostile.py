@@ -117,6 +117,7 @@ assert len(hs) == 2 and buggy_stack_backward(hs[1], hs[0], *[np.ones((1, 3, 3))[
 held = sorted(n for n in vars(b) if not n.startswith("_"))
 assert held == ["annotations", "buggy_stack_backward", "np", "rms_parts", "stack_forward"], held
 """
+HUGE = "def my_linear_backward(dY, X, W):\n    return np.zeros(2**23), X.T @ dY\n"  # 64 MiB
 CYCLIC = "def my_linear_backward(dY, X, W):\n    a = []\n    a.append(a)\n    return a, a\n"
 
 
@@ -163,6 +164,7 @@ def _class(root: Path) -> dict:
                        ("catalogue", CATALOGUE)):
         write(lesson(after=(cell,)), subs / f"{name}.ipynb")
     write(lesson(linear=CYCLIC), subs / "cyclic.ipynb")
+    write(lesson(linear=HUGE), subs / "huge_answer.ipynb")
     write(lesson(linear=SURROGATE), subs / "surrogate.ipynb")
     return {"subs": subs, "inst": inst, "csv": root / "grades.csv", "server": server,
             "deep": deep}
@@ -302,6 +304,12 @@ def test_every_writable_place_is_size_capped(hostile):
 def test_a_message_no_file_can_hold_is_escaped(hostile):
     assert statuses(hostile, "surrogate")["linear_backward"] == "failed"
     assert "half a pair: \\udcff" in message(hostile, "surrogate", "linear_backward")
+
+
+def test_a_huge_answer_is_a_wrong_answer_not_a_flood(hostile):
+    assert statuses(hostile, "huge_answer")["linear_backward"] == "failed"
+    assert "more than the grader reads" in message(hostile, "huge_answer", "linear_backward")
+    assert statuses(hostile, "huge_answer")["silu_grad"] == "passed"
 
 
 def test_a_cyclic_answer_is_judged_not_crashed(hostile):

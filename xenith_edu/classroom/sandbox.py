@@ -433,7 +433,8 @@ def _run_as(uid: int | None, workdir: Path, request: dict, inputs: list[bytes],
     sweep = use_bwrap or uid is not None
     start = {**request, "op": "start", "uid": uid, "sweep": sweep,
              "copy": SUBMISSION if use_bwrap else None, "home": HOME if use_bwrap else None}
-    talk = wire.Conversation(_plan(request, inputs), _reply_budget(inputs))
+    plan = _plan(request, inputs)
+    talk = wire.Conversation(plan, _reply_budget(plan, inputs))
     problem, tampered = _converse(proc, start, inputs, seconds, frames, talk)
     _stop(proc, inner)
     with _LIVE_LOCK:
@@ -454,9 +455,12 @@ def _plan(request: dict, inputs: list[bytes]) -> list[list[tuple[str, int, int]]
     return plan
 
 
-def _reply_budget(inputs: list[bytes]) -> int:
-    """Bytes a sandbox may send back: the answers are about the size of the questions."""
-    return 64 * 2**20 + 8 * sum(len(f) for f in inputs)
+def _reply_budget(plan: list, inputs: list[bytes]) -> int:
+    """Bytes a sandbox may send back: every answer at its cap (`wire.answer_cap`), and a
+    megabyte for each time a notebook's cells run (its "ran" frame)."""
+    calls = sum(c for ex in plan for _, c, _ in ex)
+    restarts = sum(len(ex) + 1 for ex in plan)
+    return 2**20 * (16 * calls + restarts) + 4 * sum(len(f) for f in inputs)
 
 
 def _inner_pid(fd: int) -> int | None:

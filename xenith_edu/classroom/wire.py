@@ -169,6 +169,11 @@ def _decode_array(rest: list, blobs: list[bytes]) -> np.ndarray:
     return np.frombuffer(data, dtype=dt).reshape(shape).copy()  # writable, owned
 
 
+def answer_cap(input_bytes: int) -> int:
+    """Bytes of arrays one answer may send back: the answers are about the questions' size."""
+    return 16 * 2**20 + 4 * input_bytes
+
+
 def encode_outcome(outcome: object, blobs: list[bytes]) -> list:
     """One call's outcome (`outcomes.run`): a record, or the returned value."""
     if isinstance(outcome, Raised):
