@@ -432,7 +432,8 @@ def _run_as(uid: int | None, workdir: Path, request: dict, inputs: list[bytes],
     # else's: in its own PID namespace, or under a uid of its own
     sweep = use_bwrap or uid is not None
     start = {**request, "op": "start", "uid": uid, "sweep": sweep,
-             "copy": SUBMISSION if use_bwrap else None, "home": HOME if use_bwrap else None}
+             "copy": SUBMISSION if use_bwrap else None, "home": HOME if use_bwrap else None,
+             "catalogue": sorted(p.stem for p in EXERCISES_DIR.glob("*.py"))}
     plan = _plan(request, inputs)
     talk = wire.Conversation(plan, _reply_budget(plan, inputs))
     problem, tampered = _converse(proc, start, inputs, seconds, frames, talk)

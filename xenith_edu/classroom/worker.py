@@ -38,6 +38,7 @@ EXEC_GRACE = 5.0  # seconds past the notebook's own time limit before the parent
 CATALOGUE = "xenith_edu.exercises"  # the boot installs it as a fence: see `fence_catalogue`
 OPEN_MODULES = ("outcomes",)  # the exercise floor's modules the sandbox may import
 _MATERIAL: dict[str, str] = {}  # catalogue module -> the teacher's helpers' source
+_MODULES: set[str] = set()  # the catalogue's module names: each a placeholder in the sandbox
 _STATE: dict = {"active": None, "hits": set()}  # the exercise being called, and the calls seen
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -61,7 +62,7 @@ def main() -> None:
         fill_home(msg.get("copy"), msg.get("home"))
         _set_limits(msg["limits"])
         os.environ["MPLBACKEND"] = "Agg"
-        fence_catalogue(msg.get("material") or {})
+        fence_catalogue(msg.get("material") or {}, msg.get("catalogue") or [])
         for exercises in (nb["exercises"] for nb in msg["notebooks"]):
             for ex in exercises:
                 ex["wrapped"] = _wrap(ex["id"], ex["targets"])
@@ -156,7 +157,8 @@ class _Fence(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def find_spec(self, fullname, path=None, target=None):
         head, _, tail = fullname.rpartition(".")
-        if head == CATALOGUE and tail not in OPEN_MODULES:
+        if head == CATALOGUE and tail not in OPEN_MODULES and \
+                (fullname in _MATERIAL or tail in _MODULES):
             return importlib.machinery.ModuleSpec(fullname, self)
         return None
 
@@ -173,11 +175,12 @@ class _Fence(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             exec(compile(source, name, "exec"), module.__dict__)  # inspect.getsource works
 
 
-def fence_catalogue(material: dict) -> None:
+def fence_catalogue(material: dict, modules: list) -> None:
     """Finish the fence the boot put up (an empty `xenith_edu.exercises` whose path holds, in
     the sandbox, only the runner): `check_*` become no-ops, the teacher's `material` (module
-    -> source) is what its modules hold, anything else is refused."""
+    -> source) is what its `modules` hold, anything else is refused."""
     _MATERIAL.update({k: v for k, v in material.items() if isinstance(v, str)})
+    _MODULES.update(m for m in modules if isinstance(m, str))
     fence = sys.modules.get(CATALOGUE)
     if fence is None or not getattr(fence, "_xenith_fence", False):
         return  # started without the boot's fence (a test): nothing to finish
