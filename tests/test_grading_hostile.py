@@ -323,11 +323,11 @@ import os, time
 for _ in range(500):
     try:
         if os.fork() == 0:
-            time.sleep(6)
+            time.sleep(4)
             os._exit(0)
     except OSError:
         break
-time.sleep(6)
+time.sleep(4)
 '''
 
 
@@ -339,12 +339,12 @@ def test_two_graders_at_once_never_share_a_uid_or_a_process_limit(tmp_path):
     write(lesson("import time\ntime.sleep(0.5)"), tmp_path / "b" / "subs" / "honest.ipynb")
 
     def grade_side(side: str) -> list[dict]:
-        return grade(tmp_path / side / "subs", tmp_path / side / "grades.csv", timeout=9.0,
+        return grade(tmp_path / side / "subs", tmp_path / side / "grades.csv", timeout=6.0,
                      instructor=tmp_path / side / "inst", jobs=1, call_time=CALL_TIME, seed=3)
 
     bomb = threading.Thread(target=grade_side, args=("a",))
     bomb.start()
-    time.sleep(2.0)  # the bomb's processes are all alive now, for 6 s
+    time.sleep(1.5)  # the bomb's processes are all alive now, for 4 s
     rows = grade_side("b")
     bomb.join()
     assert {r["status"] for r in rows} == {"passed"}, rows
@@ -451,3 +451,25 @@ def test_the_walk_reads_nothing_odd(tmp_path):
     assert found.over == "folders are nested more than 16 deep"
     assert "pipe (a named pipe)" in found.unreadable
     assert ("a.ipynb", 2) in found.files
+
+
+def test_a_learner_the_grader_cannot_grade_is_one_row_and_the_class_goes_on(tmp_path,
+                                                                            monkeypatch):
+    write(lesson(), tmp_path / "inst" / "lesson.ipynb")
+    for name in ("a", "b"):
+        write(lesson(), tmp_path / "subs" / f"{name}.ipynb")
+    real = sandbox.private_copy
+
+    def broken(source: Path, into: Path) -> Path:
+        if source.name == "a.ipynb":
+            raise OSError("the disk is on fire")
+        return real(source, into)
+
+    monkeypatch.setattr(sandbox, "private_copy", broken)
+    rows = grade(tmp_path / "subs", tmp_path / "grades.csv", instructor=tmp_path / "inst",
+                 jobs=1, timeout=TIMEOUT, call_time=CALL_TIME, seed=1)
+    mine = [r for r in rows if r["learner"] == "a"]
+    assert len(mine) == 1 and "the disk is on fire" in mine[0]["message"]
+    assert {r["status"] for r in rows if r["learner"] == "b"} == {"passed"}
+    journal = (tmp_path / "grades.journal.jsonl").read_text()
+    assert '"a.ipynb"' not in journal  # --resume grades it again

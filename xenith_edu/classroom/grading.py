@@ -408,6 +408,18 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     return rows
 
 
+def _graded(learner: str, source: Path, teacher: list, options: Options, slot: int,
+            fonts: list) -> tuple[list[tuple], dict]:
+    """`grade_learner`, or one row if this submission could not be graded: one learner never
+    stops the class (the row is not journaled, so --resume tries again)."""
+    try:
+        return grade_learner(learner, source, teacher, options, slot, fonts)
+    except (OSError, ValueError, RuntimeError) as exc:
+        why = roster.display(f"{type(exc).__name__}: {exc}")[:300]
+        return [("", "", "notebook error", f"the grader could not grade this submission "
+                 f"({why}); --resume tries again")], {"retry": True}
+
+
 def _run_class(entries: list, teacher: list, options: Options, journal: Journal, jobs: int,
                progress: bool) -> list[list[tuple]]:
     """Every learner's CSV rows, in the folder's order; `jobs` sandboxes at a time."""
@@ -431,11 +443,7 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
             slot = slots.get()
             t0 = time.monotonic()
             try:
-                found, seeds = grade_learner(learner, source, teacher, options, slot, fonts)
-            except (OSError, ValueError, RuntimeError) as exc:  # one learner never stops a class
-                why = roster.display(f"{type(exc).__name__}: {exc}")[:300]
-                found, seeds = [("", "", "notebook error", f"the grader could not grade this "
-                                 f"submission ({why}); --resume tries again")], {"retry": True}
+                found, seeds = _graded(learner, source, teacher, options, slot, fonts)
             finally:
                 slots.put(slot)
             prefix = f"{roster.display(source.name)}/" if source.is_dir() else ""
