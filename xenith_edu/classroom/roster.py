@@ -262,7 +262,7 @@ def match(teacher: list[str], mine: list[str]) -> dict[str, str | None]:
 def teacher_sources(instructor: Path | None, teacher: list[tuple[str, list[Exercise]]]
                     ) -> list[str]:
     """The code cells of the teacher's notebooks that are graded."""
-    from .student import _read_notebook
+    from .student import _read_notebook  # nbformat: only once the teacher's notebooks are read
 
     names = {name for name, _ in teacher}
     return [cell.source for p in _instructor(instructor) if p.name in names
