@@ -275,9 +275,11 @@ def test_controls_an_honest_and_a_wrong_learner(graded):
     assert status(graded, "wrong", "silu_grad") == "passed"
 
 
-def test_a_forged_log_line_and_forged_frames_change_nothing(graded):
-    assert status(graded, "forged_log") == "failed"
-    assert status(graded, "forged_log", "silu_grad") == "passed"  # the channel kept working
+def test_a_forged_log_line_and_forged_frames_are_a_protocol_error(graded):
+    st, message = graded["by"]["forged_log"]["linear_backward"]
+    assert st == status(graded, "forged_log", "silu_grad") == "protocol error"
+    assert "wrote on the grader's channel" in message
+    assert status(graded, "honest") == status(graded, "wrong", "silu_grad") == "passed"
 
 
 def test_patched_numpy_checks_and_reference_change_nothing(graded):
@@ -285,8 +287,9 @@ def test_patched_numpy_checks_and_reference_change_nothing(graded):
     assert "dW is wrong" in graded["by"]["patched"]["linear_backward"][1]
 
 
-def test_a_lookup_table_of_the_fixed_seed_cases_fails_on_hidden_cases(graded):
-    assert status(graded, "lookup") == "failed"
+def test_a_lookup_table_of_the_fixed_seed_cases_finds_no_catalogue(graded):
+    assert status(graded, "lookup") == "missing"  # its cell raised: no SPECS in the sandbox
+    assert "SPECS" in graded["by"]["lookup"][""][1]
 
 
 def test_a_stack_peek_finds_no_reference(graded):

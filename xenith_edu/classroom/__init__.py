@@ -2,7 +2,8 @@
 
 `make_student_versions` (student.py) strips the nbgrader-marked solutions. `grade` (grading.py)
 takes the exercises from the teacher's notebooks (roster.py), runs each learner's notebooks in
-a sandbox (sandbox.py, worker.py, over the channel of wire.py), judges the returned values in
+a sandbox (sandbox.py, worker.py, over the channel of wire.py, with the teacher's helpers of
+material.py and without the exercise catalogue), judges the returned values in
 the grader's own process, journals each learner's rows as soon as they are known (journal.py),
 and ends as a course (course.py): points and written questions from the teacher's notebooks
 (points.py), the roster, times and filled sheet read as foreign input (inputs.py), the CSV,

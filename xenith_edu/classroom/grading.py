@@ -29,12 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import course, sandbox, shards, wire
+from . import course, roster, sandbox, shards, wire
 from .journal import Journal, fingerprint
+from .material import material
 from .points import answers, blank_skipped, read_parts
 from .roster import Exercise, learner_notebooks, match, submissions, teacher_exercises
 
 STATUSES = ("passed", "failed", "not attempted", "delegated", "missing", "notebook error",
+            wire.PROTOCOL_ERROR, roster.UNREADABLE, roster.OVER_LIMIT, roster.COLLISION,
             "not submitted", "to grade", "graded")
 CSV_FIELDS = course.CSV_FIELDS
 DEFAULT_TIMEOUT = 120.0  # seconds for one notebook's cells
@@ -50,6 +52,7 @@ class Options:
     limits: sandbox.Limits = field(default_factory=sandbox.Limits)
     seed: int | None = None  # None: a fresh random seed for every learner and exercise
     parts: list = field(default_factory=list)  # the course's parts (points.Part): questions
+    material: dict = field(default_factory=dict)  # what the teacher's cells import (material.py)
 
 
 def _specs() -> dict:
@@ -90,18 +93,6 @@ def _seed(options: Options, learner: str, nb: str, ex: str) -> int:
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
 
 
-def _processes_of_mine() -> int:
-    """Processes and threads of this uid now (RLIMIT_NPROC counts them all)."""
-    count = 0
-    for name in os.listdir("/proc"):
-        try:
-            if name.isdigit() and os.stat(f"/proc/{name}").st_uid == os.getuid():
-                count += len(os.listdir(f"/proc/{name}/task"))
-        except OSError:
-            pass
-    return count
-
-
 def build_request(learner: str, plan: list[tuple[str, str, list[Exercise]]],
                   options: Options, home: str) -> tuple[dict, list[bytes], dict]:
     """The sandbox's request, the inputs frame of each notebook (sent once its cells have
@@ -120,13 +111,11 @@ def build_request(learner: str, plan: list[tuple[str, str, list[Exercise]]],
         notebooks.append({"path": f"{home}/{rel}", "exercises": entries})
         frames.append(wire.pack({"op": "inputs", "nb": i, "exercises": trees}, blobs))
     limits = options.limits.as_dict()
-    if os.getuid() != 0:  # the sandbox shares the teacher's uid, whose processes count too
-        limits["nproc"] = limits["nproc"] + _processes_of_mine() if os.path.isdir("/proc") \
-            else None
+    limits["nproc"] = sandbox.nproc_limit(limits["nproc"])
     n = sum(len(nb["exercises"]) for nb in notebooks)
     limits["cpu"] = min(limits["cpu"], int(options.timeout + options.call_time * (n + 1) + 30))
     msg = {"notebooks": notebooks, "exec_time": options.timeout, "call_time": options.call_time,
-           "limits": limits}
+           "limits": limits, "material": options.material}
     return msg, frames, kept
 
 
@@ -140,30 +129,10 @@ def _records():
     return InPlace, NotCallable, Opaque, Raised
 
 
-def _changed(before: object, after: object) -> bool:
-    if not isinstance(before, np.ndarray):
-        return False
-    return not (isinstance(after, np.ndarray) and after.shape == before.shape
-                and after.dtype == before.dtype and np.array_equal(after, before, equal_nan=True))
-
-
 def outcome_of(result: dict, blobs: list[bytes], args: tuple) -> tuple[object, list[str]]:
-    """One call's outcome as `judge` takes it, and the package functions it delegated to."""
-    InPlace, _, Opaque, Raised = _records()
-    raised = result.get("raised")
-    if raised is not None:
-        if not (isinstance(raised, list) and len(raised) == 3
-                and all(isinstance(x, str) for x in raised)):
-            raise wire.ChannelError("a malformed exception record")
-        return Raised(*(x[:2000] for x in raised)), _names(result)
-    value = wire.decode_value(result.get("out"), blobs, Opaque)
-    after = result.get("after")
-    if not isinstance(after, list) or len(after) != len(args):
-        raise wire.ChannelError("the arguments did not come back")
-    for i, (before, tree) in enumerate(zip(args, after, strict=True)):
-        if _changed(before, wire.decode_value(tree, blobs, Opaque)):
-            return InPlace(i), _names(result)
-    return value, _names(result)
+    """One call's outcome as `judge` takes it (decided in the sandbox by the exercise floor's
+    one runner, `outcomes.run`), and the package functions it delegated to."""
+    return wire.decode_outcome(result.get("outcome"), blobs, len(args)), _names(result)
 
 
 def _names(result: dict) -> list[str]:
@@ -305,12 +274,16 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
                   options: Options, slot: int, fonts: list) -> tuple[list[tuple], dict]:
     """The rows (notebook, exercise, status, message) of one learner, and the seeds used (and,
     under "answers", the learner's written answers to the questions of `options.parts`)."""
+    walked = roster.walk(source)
+    if walked.over:  # nothing of it is read, nor run
+        why = f"[over the limit] not graded: {walked.over}"
+        return [("", e.id, roster.OVER_LIMIT, why) for _, ex in teacher for e in ex], {}
     mine = learner_notebooks(source)
     if not mine:
         return [("", "", "notebook error", "no notebook (.ipynb) in this folder")], {}
     matched = match([name for name, _ in teacher], mine)
     plan = [(name, matched[name], ex) for name, ex in teacher if matched[name] is not None]
-    problem, replies, kept, retry, found = None, [], {}, False, {}
+    problem, replies, kept, retry, found, tampered = None, [], {}, False, {}, None
     if plan:
         tmp = Path(tempfile.mkdtemp(prefix="xenith-grade-"))
         try:
@@ -320,7 +293,7 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
             msg, frames, kept = build_request(learner, plan, options, home)
             run = sandbox.run_sandbox(copy, msg, frames, sandbox_seconds(plan, options), slot,
                                       fonts)
-            problem = run.problem or _setup_error(run)
+            problem, tampered = run.problem or _setup_error(run), run.tampered
             # a sandbox that never got ready failed before any learner code ran: not a grade
             retry = bool(problem) and all(m.get("op") != "ready" for m, _ in run.frames)
             replies = sort_frames(run.frames, len(plan))
@@ -333,9 +306,15 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
         i = at.get(name)
         reply = replies[i] if i is not None and i < len(replies) else None
         rows += notebook_rows(name, matched[name], exercises, kept, reply, problem, options)
+    if tampered:  # the learner's code wrote on the channel: nothing it sent counts
+        rows = [(nb, ex, wire.PROTOCOL_ERROR, wire.tampering(tampered)) for nb, ex, _, _ in rows
+                if ex] or [("", "", wire.PROTOCOL_ERROR, wire.tampering(tampered))]
     seeds = {f"{nb}/{ex}": seed for (nb, ex), (seed, _) in kept.items()}
     seeds.update({f"{name}/seconds of its cells": r.ran.get("seconds") for (name, _, _), r
                   in zip(plan, replies, strict=False) if r.ran is not None})
+    if walked.unreadable:
+        rows.append(("", "", roster.UNREADABLE, "not opened, not copied to the sandbox: "
+                     + "; ".join(walked.unreadable[:20])[:2000]))
     if retry:
         seeds["retry"] = True
     seeds["answers"] = found
@@ -457,6 +436,7 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     facts = [course.entry_of(i, e) for i, e in enumerate(entries)]
     pol = course.from_options(course_options, facts, parts, files["written"])
     options = Options(float(timeout), float(call_time), limits, seed, parts)
+    options.material = material(roster.teacher_sources(instructor, teacher))
     sandbox.check_works()
     journal = Journal(journal_path, _key(teacher, parts), resume)
     if not sandbox.bwrap():
@@ -484,6 +464,18 @@ def _kept(record: dict) -> tuple[list[tuple], dict]:
     return [tuple(r) for r in record["rows"]], kept if isinstance(kept, dict) else {}
 
 
+def _graded(learner: str, source: Path, teacher: list, options: Options, slot: int,
+            fonts: list) -> tuple[list[tuple], dict]:
+    """`grade_learner`, or one row if this submission could not be graded: one learner never
+    stops the class (the row is not journaled, so --resume tries again)."""
+    try:
+        return grade_learner(learner, source, teacher, options, slot, fonts)
+    except (OSError, ValueError, RuntimeError) as exc:
+        why = roster.display(f"{type(exc).__name__}: {exc}")[:300]
+        return [("", "", "notebook error", f"the grader could not grade this submission "
+                 f"({why}); --resume tries again")], {"retry": True}
+
+
 def _run_class(entries: list, teacher: list, options: Options, journal: Journal, jobs: int,
                progress: bool) -> list[tuple[list[tuple], dict]]:
     """Every learner's rows and written answers, in the folder's order; `jobs` sandboxes at a
@@ -497,7 +489,7 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
         learner, source, problem = entry
         key = source.name if source is not None else learner
         if source is None:
-            rows = [("", "", "notebook error", problem)]
+            rows = [("", "", problem.status, problem.text)]
         else:
             stamp = fingerprint(source)
             record = journal.done(key, stamp)
@@ -505,10 +497,10 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
                 return _kept(record)
             slot, t0 = slots.get(), time.monotonic()
             try:
-                found, seeds = grade_learner(learner, source, teacher, options, slot, fonts)
+                found, seeds = _graded(learner, source, teacher, options, slot, fonts)
             finally:
                 slots.put(slot)
-            prefix = f"{source.name}/" if source.is_dir() else ""
+            prefix = f"{roster.display(source.name)}/" if source.is_dir() else ""
             rows = [(learner, prefix + nb if nb else "", ex, st, msg)
                     for nb, ex, st, msg in found]
             if sandbox.ABORT.is_set():

@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import threading
 from pathlib import Path
 
 from ..tools.util import atomic_write_text
+from .roster import walk
 
 VERSION = 1
 
@@ -28,22 +30,33 @@ def group_readable(path: Path) -> None:
 
 
 def fingerprint(path: Path) -> str:
-    """A hash of the learner's files (names and bytes), never following a link."""
-    h = hashlib.sha256()
-    if path.is_file() and not path.is_symlink():
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
-        return h.hexdigest()
-    for root, dirs, files in os.walk(path):
-        dirs.sort()
-        for name in sorted(files):
-            full = os.path.join(root, name)
-            rel = os.path.relpath(full, path).encode()
-            if os.path.islink(full):
-                h.update(b"L" + rel + b"\0" + os.readlink(full).encode() + b"\0")
-            else:
-                with open(full, "rb") as f:
-                    h.update(b"F" + rel + b"\0" + hashlib.sha256(f.read()).digest())
+    """A hash of the learner's files (names and bytes), from `roster.walk`: regular files
+    only, opened without following a link and never blocking; a submission over a limit is
+    hashed from its listing alone."""
+    found = walk(path)
+    h = hashlib.sha256(json.dumps([found.folders, found.unreadable, found.over]).encode())
+    folder = path.is_dir() and not path.is_symlink()
+    for rel, size in found.files:
+        h.update(b"F" + rel.encode() + b"\0" + str(size).encode() + b"\0")
+        if found.over is None:
+            h.update(_digest(os.path.join(path, rel) if folder else str(path), size))
     return h.hexdigest()
+
+
+def _digest(path: str, size: int) -> bytes:
+    """The sha256 of at most `size` bytes of the regular file at `path`, or of its absence."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return b"gone"
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return b"not a file"
+        h = hashlib.sha256()
+        while size > 0 and (chunk := f.read(min(size, 1 << 20))):
+            h.update(chunk)
+            size -= len(chunk)
+        return h.digest()
 
 
 class Journal:

@@ -14,6 +14,9 @@ from ..tools.util import atomic_write_text
 
 LIKELY = re.compile(r"Likely mistake: (.+?)(?:\n|$)", re.DOTALL)
 TOP = 8  # mistakes listed
+# the statuses of a submission that was not judged, or broke the grader's protocol (tampering)
+ERRORS = ("notebook error", "protocol error", "over the limit", "unreadable file",
+          "name collision")
 
 
 def _mistake(message: str) -> str | None:
@@ -65,7 +68,7 @@ def report(rows: list[dict], meta: dict) -> str:
             if r["status"] == "failed" and (m := _mistake(r["message"])):
                 mistakes[(r["exercise"], m)] += 1
                 who.setdefault((r["exercise"], m), set()).add(r["learner"])
-        if r["status"] == "notebook error":  # the same error of many learners is one line
+        if r["status"] in ERRORS:  # the same error of many learners is one line
             where = r["notebook"].rsplit("/", 1)[-1] or "the submission"
             errors.setdefault(f"{where}: {r['message'][:160]}", []).append(r["learner"])
     lines = [f"# Grades: {_cell(meta.get('csv', ''))}", "",

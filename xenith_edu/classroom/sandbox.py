@@ -1,20 +1,27 @@
 """The sandbox a submission runs in: bubblewrap, an unprivileged uid, no network, rlimits.
 Where bubblewrap is missing, the same worker runs with only the limits, and one warning says so.
 
-One sandbox per learner: a private, writable copy of the learner's folder, the rest of the
-filesystem read-only (only what Python, NumPy and the package need) or absent, its own PID,
-network, IPC and UTS namespaces, a scrubbed environment, no controlling terminal, limits on
-memory, CPU time, processes, file size and open files, and a wall-clock deadline. Its
-whole process tree has ended when `run_sandbox` returns.
+One sandbox per learner: a private copy of the learner's folder in a size-capped tmpfs home,
+a size-capped /tmp and /dev/shm and nothing else writable, the rest of the filesystem read-only
+(only what Python, NumPy and the package need, without the exercise catalogue) or absent, its
+own PID, network, IPC and UTS namespaces, a uid of its own (leased for the run when the grader
+is root, a fresh user namespace otherwise), a scrubbed environment, no controlling terminal,
+limits on memory, CPU time, processes, file size and open files, and a wall-clock deadline.
+Its whole process tree has ended when `run_sandbox` returns. Its replies are untrusted input:
+`wire.Conversation` holds them to the protocol, and a breach is the learner's "protocol error".
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import platform
+import pwd
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -24,10 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import wire
+from .roster import MAX_FOLDER, walk
 
 HOME = "/home/learner"  # where the sandbox sees the copy of the learner's folder
-UID_BASE = 65000  # job slot k runs as uid UID_BASE + k when the grader is root
-MAX_FOLDER = 200 * 2**20  # bytes: a learner's folder larger than this is not copied
+SUBMISSION = "/submission"  # the grader's copy, read-only: the worker fills HOME from it
+UID_BASE, UID_COUNT = 65000, 1000  # as root, each sandbox leases a free uid of this range
+LEASES = "/run/xenith-edu-uids"  # root's lock files, one per uid: a uid is leased while locked
+EXERCISES_DIR = Path(__file__).resolve().parent.parent / "exercises"
+OPEN_EXERCISES = ("outcomes.py",)  # the exercise floor's files the sandbox sees: the runner
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # xenith_edu
 WARNING = ("warning: bubblewrap (bwrap) is not installed, so the learners' code is NOT "
            "isolated: it can read and write every file your user can, use the network, and "
@@ -44,10 +55,13 @@ class Limits:
     nproc: int = 64  # processes and threads of the sandbox's uid
     fsize: int = 256 * 2**20  # bytes: the largest file it may write
     nofile: int = 256
+    home: int = MAX_FOLDER + 64 * 2**20  # bytes of the tmpfs home: the copy and what it writes
+    tmp: int = 64 * 2**20  # bytes of /tmp, and again of /dev/shm
 
     def as_dict(self) -> dict:
         return {"memory": self.memory, "cpu": self.cpu, "nproc": self.nproc,
-                "fsize": self.fsize, "nofile": self.nofile, "core": 0}
+                "fsize": self.fsize, "nofile": self.nofile, "core": 0, "home": self.home,
+                "tmp": self.tmp}
 
 
 def bwrap() -> str | None:
@@ -64,24 +78,36 @@ def isolation() -> str:
 
 
 class FolderTooLarge(ValueError):
-    """A learner's folder holds more than MAX_FOLDER bytes."""
+    """A learner's folder is over one of `roster.walk`'s limits."""
 
 
 def private_copy(source: Path, into: Path) -> Path:
-    """Copy the learner's notebook or folder into `into`/learner, never following a link."""
+    """Copy the learner's notebook or folder into `into`/learner: the regular files and
+    folders `roster.walk` lists, opened without following a link, at most their listed size."""
     dest = into / "learner"
-    if source.is_dir():
-        total = 0
-        for root, _dirs, files in os.walk(source):
-            for name in files:
-                total += os.lstat(os.path.join(root, name)).st_size
-                if total > MAX_FOLDER:
-                    raise FolderTooLarge(f"the folder holds more than {MAX_FOLDER >> 20} MiB")
-        shutil.copytree(source, dest, symlinks=True)
-    else:
-        dest.mkdir()
-        shutil.copy2(source, dest / source.name, follow_symlinks=False)
+    dest.mkdir()
+    found = walk(source)
+    if found.over:
+        raise FolderTooLarge(found.over)
+    for rel in found.folders:
+        (dest / rel).mkdir()
+    folder = source.is_dir() and not source.is_symlink()
+    for rel, size in found.files:
+        _copy_file(os.path.join(source, rel) if folder else str(source), dest / rel, size)
     return dest
+
+
+def _copy_file(src: str, dest: Path, size: int) -> None:
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return  # gone since the walk: not copied
+    with os.fdopen(fd, "rb") as f, open(dest, "xb") as out:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return
+        while size > 0 and (chunk := f.read(min(size, 1 << 20))):
+            out.write(chunk)
+            size -= len(chunk)
 
 
 def _chown_tree(path: Path, uid: int) -> None:
@@ -146,8 +172,10 @@ def _ancestors(paths: list[str]) -> list[str]:
     return made
 
 
-def bwrap_command(workdir: Path, info_fd: int, extra_ro: list[tuple[str, str]]) -> list[str]:
+def bwrap_command(workdir: Path, info_fd: int, extra_ro: list[tuple[str, str]],
+                  limits: dict | None = None) -> list[str]:
     """The bwrap arguments for a sandbox whose learner's copy is `workdir`."""
+    limits = limits or Limits().as_dict()
     cmd = [bwrap() or "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc",
            "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox",
            "--die-with-parent", "--new-session", "--clearenv", "--info-fd", str(info_fd),
@@ -165,19 +193,44 @@ def bwrap_command(workdir: Path, info_fd: int, extra_ro: list[tuple[str, str]]) 
         cmd += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
     # a private /tmp first: the read-only binds below go on top of it, so a checkout or an
     # environment that lives under /tmp stays visible
-    cmd += ["--tmpfs", "/tmp", "--perms", "0777", "--dir", "/tmp/matplotlib"]
+    cmd += ["--size", str(int(limits["tmp"])), "--perms", "1777", "--tmpfs", "/tmp",
+            "--perms", "0777", "--dir", "/tmp/matplotlib"]
     ro = _read_only_paths()
-    for a in _ancestors(ro + [HOME]):
+    for a in _ancestors(ro + [HOME, SUBMISSION]):
         cmd += ["--perms", "0755", "--dir", a]
     for p in ro:
         cmd += ["--ro-bind", p, p]
-    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    cmd += ["--proc", "/proc", "--dev", "/dev",
+            "--size", str(int(limits["tmp"])), "--perms", "1777", "--tmpfs", "/dev/shm"]
     for src, dest in extra_ro:
         cmd += ["--ro-bind", src, dest]
-    cmd += ["--bind", str(workdir), HOME, "--chdir", HOME]
+    cmd += _fence(ro)
+    cmd += ["--ro-bind", str(workdir), SUBMISSION,
+            "--size", str(int(limits["home"])), "--perms", "0777", "--tmpfs", HOME,
+            "--chdir", HOME, "--remount-ro", "/", "--remount-ro", "/dev"]
     for key, value in environment(HOME, "/tmp/matplotlib").items():
         cmd += ["--setenv", key, value]
     return cmd + ["--"]
+
+
+def _fence(ro: list[str]) -> list[str]:
+    """Every copy of the exercise catalogue the sandbox could see, replaced by a read-only
+    folder that holds only the runner: no reference function is there to import or read."""
+    found = {str(EXERCISES_DIR)}
+    for entry in sys.path:
+        candidate = os.path.join(entry, "xenith_edu", "exercises")
+        if entry and os.path.isdir(candidate):
+            found.add(os.path.realpath(candidate))
+    cmd: list[str] = []
+    for folder in sorted(found):
+        if not any(folder == q or folder.startswith(q.rstrip("/") + "/") for q in ro):
+            continue  # not visible in the sandbox anyway
+        cmd += ["--size", str(2**20), "--perms", "0755", "--tmpfs", folder]
+        for name in OPEN_EXERCISES:
+            if os.path.isfile(os.path.join(folder, name)):
+                cmd += ["--ro-bind", os.path.join(folder, name), os.path.join(folder, name)]
+        cmd += ["--remount-ro", folder]
+    return cmd
 
 
 def environment(home: str, mpl: str) -> dict[str, str]:
@@ -204,7 +257,13 @@ def check_works() -> None:
 
 
 def worker_command() -> list[str]:
-    boot = (f"import sys; sys.path.insert(0, {str(PACKAGE_DIR.parent)!r}); "
+    """The worker's command line. Before the package is imported, `xenith_edu.exercises` is
+    an empty fence whose path is the catalogue's folder (in the sandbox: the runner alone)."""
+    boot = ("import sys, types; "
+            f"sys.path.insert(0, {str(PACKAGE_DIR.parent)!r}); "
+            "fence = types.ModuleType('xenith_edu.exercises'); "
+            f"fence.__path__ = [{str(EXERCISES_DIR)!r}]; fence._xenith_fence = True; "
+            "sys.modules[fence.__name__] = fence; "
             "from xenith_edu.classroom.worker import main; main()")
     return [sys.executable, "-I", "-c", boot]
 
@@ -247,22 +306,114 @@ class SandboxRun:
     frames: list[tuple[dict, list[bytes]]]
     problem: str | None  # None when the worker said bye
     stderr: str
+    tampered: str | None = None  # the protocol error that ended it: the learner's code wrote
+
+
+# ----------------------------------------------------------------------------------------------
+# A uid of its own: two sandboxes, of one grader or of two, never share a uid or a limit.
+
+
+def _uid_busy(uid: int) -> bool:
+    """Whether `uid` is an account of this machine, or any process runs under it."""
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        pass
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            if name.isdigit() and os.stat(f"/proc/{name}").st_uid == uid:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _lease_folder() -> str:
+    os.makedirs(LEASES, mode=0o700, exist_ok=True)
+    st = os.lstat(LEASES)
+    if not os.path.isdir(LEASES) or os.path.islink(LEASES) or st.st_uid != 0 or \
+            st.st_mode & 0o022:
+        raise ValueError(f"{LEASES} must be a folder of root's that only root may write")
+    return LEASES
+
+
+def lease_uid() -> tuple[int, int]:
+    """(uid, fd): a uid of UID_BASE's range that no other sandbox holds and no process runs
+    under, held until `fd` is closed (an flock, dropped by the kernel if the grader dies)."""
+    folder = _lease_folder()
+    for uid in range(UID_BASE, UID_BASE + UID_COUNT):
+        fd = os.open(os.path.join(folder, f"{uid}.lock"),
+                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        if _uid_busy(uid):
+            os.close(fd)
+            continue
+        return uid, fd
+    raise RuntimeError(f"no free uid in {UID_BASE}..{UID_BASE + UID_COUNT - 1} for a sandbox")
+
+
+def _processes_of_mine() -> int:
+    """Processes and threads of this uid now (RLIMIT_NPROC counts them all)."""
+    count = 0
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and os.stat(f"/proc/{name}").st_uid == os.getuid():
+                count += len(os.listdir(f"/proc/{name}/task"))
+        except OSError:
+            pass
+    return count
+
+
+def nproc_limit(nproc: int) -> int | None:
+    """The sandbox's RLIMIT_NPROC. As root its uid is its own; under bubblewrap on Linux
+    5.14 or later its fresh user namespace counts its processes apart; otherwise it shares
+    the teacher's uid, whose processes count too."""
+    if os.getuid() == 0:
+        return nproc
+    if bwrap() and _kernel_at_least(5, 14):
+        return nproc
+    return nproc + _processes_of_mine() if os.path.isdir("/proc") else None
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    found = re.match(r"(\d+)\.(\d+)", platform.release())
+    return bool(found) and (int(found.group(1)), int(found.group(2))) >= (major, minor)
+
+
+# ----------------------------------------------------------------------------------------------
+# One sandbox run.
 
 
 def run_sandbox(workdir: Path, request: dict, inputs: list[bytes], seconds: float, slot: int,
                 fonts: list[tuple[str, str]]) -> SandboxRun:
     """Run the worker on `request` in a sandbox over `workdir`, stopped after `seconds`;
-    `inputs[i]` is the frame sent when notebook i's cells have run."""
-    uid = UID_BASE + slot if os.getuid() == 0 else None
-    if uid is not None and not bwrap() and not _others_can_read(_read_only_paths()):
+    `inputs[i]` is the frame sent when notebook i's cells have run. (`slot`, the job's
+    number, no longer picks the uid: each run leases its own.)"""
+    uid, lease = lease_uid() if os.getuid() == 0 else (None, None)
+    try:
+        return _run_as(uid, workdir, request, inputs, seconds, fonts)
+    finally:
+        if lease is not None:
+            os.close(lease)
+
+
+def _run_as(uid: int | None, workdir: Path, request: dict, inputs: list[bytes],
+            seconds: float, fonts: list[tuple[str, str]]) -> SandboxRun:
+    use_bwrap = bwrap() is not None
+    if uid is not None and not use_bwrap and not _others_can_read(_read_only_paths()):
         uid = None  # without a sandbox, another uid could not even read the interpreter
     if uid is not None:
         _chown_tree(workdir, uid)
     err = tempfile.TemporaryFile()
     info_r, info_w = os.pipe()
-    use_bwrap = bwrap() is not None
     if use_bwrap:
-        cmd, env, cwd = bwrap_command(workdir, info_w, fonts) + worker_command(), {}, None
+        cmd = bwrap_command(workdir, info_w, fonts, request.get("limits")) + worker_command()
+        env, cwd = {}, None
     else:
         mpl = workdir.parent / "matplotlib"
         mpl.mkdir(exist_ok=True)
@@ -280,15 +431,37 @@ def run_sandbox(workdir: Path, request: dict, inputs: list[bytes], seconds: floa
     # the worker may end the learner's other processes only where it cannot reach anyone
     # else's: in its own PID namespace, or under a uid of its own
     sweep = use_bwrap or uid is not None
-    problem = _converse(proc, {**request, "op": "start", "uid": uid, "sweep": sweep}, inputs,
-                        seconds, frames)
+    start = {**request, "op": "start", "uid": uid, "sweep": sweep,
+             "copy": SUBMISSION if use_bwrap else None, "home": HOME if use_bwrap else None,
+             "catalogue": sorted(p.stem for p in EXERCISES_DIR.glob("*.py"))}
+    plan = _plan(request, inputs)
+    talk = wire.Conversation(plan, _reply_budget(plan, inputs))
+    problem, tampered = _converse(proc, start, inputs, seconds, frames, talk)
     _stop(proc, inner)
     with _LIVE_LOCK:
         _LIVE.discard(proc)
     err.seek(0)
     tail = err.read()[-4000:].decode("utf-8", "replace")
     err.close()
-    return SandboxRun(frames, problem, tail)
+    return SandboxRun(frames, problem, tail, tampered)
+
+
+def _plan(request: dict, inputs: list[bytes]) -> list[list[tuple[str, int, int]]]:
+    """Per notebook, (function, number of cases, number of arguments) of each exercise."""
+    plan = []
+    for nb, frame in zip(request["notebooks"], inputs, strict=True):
+        trees = wire.message(frame)[0]["exercises"]
+        plan.append([(ex["fn"], len(cases), len(cases[0][1]) if cases else 0)
+                     for ex, cases in zip(nb["exercises"], trees, strict=True)])
+    return plan
+
+
+def _reply_budget(plan: list, inputs: list[bytes]) -> int:
+    """Bytes a sandbox may send back: every answer at its cap (`wire.answer_cap`), and a
+    megabyte for each time a notebook's cells run (its "ran" frame)."""
+    calls = sum(c for ex in plan for _, c, _ in ex)
+    restarts = sum(len(ex) + 1 for ex in plan)
+    return 2**20 * (16 * calls + restarts) + 4 * sum(len(f) for f in inputs)
 
 
 def _inner_pid(fd: int) -> int | None:
@@ -308,33 +481,39 @@ def _inner_pid(fd: int) -> int | None:
 
 
 def _converse(proc: subprocess.Popen, request: dict, inputs: list[bytes], seconds: float,
-              frames: list) -> str | None:
-    """Send the request, answer each "ran" with that notebook's inputs, read frames until
-    bye; the problem that ended the run otherwise."""
+              frames: list, talk: wire.Conversation) -> tuple[str | None, str | None]:
+    """Send the request, answer each "ran" with that notebook's inputs, read frames
+    until bye; (the problem that ended the run otherwise, the protocol error if it was one).
+    The deadline is fixed here: no frame of the learner's extends it."""
     try:
         wire.write_frame(proc.stdin.fileno(), wire.pack(request))
     except OSError:
-        return "the sandbox did not start"
+        return "the sandbox did not start", None
     deadline = time.monotonic() + seconds
     fd = proc.stdout.fileno()
     while True:
         try:
-            got = wire.message(wire.read_frame(fd, deadline))
+            raw = wire.read_frame(fd, deadline, talk.budget())
+            got = wire.message(raw)
+            talk.take(len(raw), *got)
+        except wire.Tampered as exc:
+            return f"protocol error: {exc}", str(exc)
         except wire.Deadline:
-            return f"the sandbox was stopped after {seconds:g} s"
+            return f"the sandbox was stopped after {seconds:g} s", None
         except wire.ChannelError as exc:
             if frames:
-                return "the sandbox's processes were ended from inside it (by the learner's code?)"
-            return f"the sandbox ended early ({exc})"
+                return ("the sandbox's processes were ended from inside it (by the learner's "
+                        "code?)"), None
+            return f"the sandbox ended early ({exc})", None
         frames.append(got)
         op, i = got[0].get("op"), got[0].get("nb")
         if op in ("bye", "error"):
-            return None
-        if op == "ran" and type(i) is int and 0 <= i < len(inputs):
+            return None, None
+        if op == "ran":  # in its place: `talk` took it
             try:
                 wire.write_frame(proc.stdin.fileno(), inputs[i])
             except OSError:
-                return "the sandbox ended early (it stopped reading)"
+                return "the sandbox ended early (it stopped reading)", None
 
 
 def _stop(proc: subprocess.Popen, inner: int | None) -> None:

@@ -2,33 +2,43 @@
 Nothing here judges: the grader, in its own process, decides every verdict from what comes back.
 
 The parent process runs only this module's code: it reads the grader's one request, drops to
-the sandbox's uid, sets the limits, imports the package, wraps the package's own function of
-each exercise so that a call to it is reported, then forks one child per notebook. The child
-executes the notebook's code cells (IPython magics dropped) and calls each exercise's function
-on the grader's inputs; the parent relays the child's frames and stops a child that overruns.
-A child that dies or overruns while a function runs is replaced by a new one, which executes
-the notebook again and goes on with the next exercise.
+the sandbox's uid, fills the learner's home with its copy of the submission, sets the limits,
+fences off the exercise catalogue (its checks become no-ops, its reference functions are not
+there to import), wraps the package's own function of each exercise so that a call to it is
+reported, then forks one child per notebook. The child executes the notebook's code cells
+(IPython magics dropped) and calls each exercise's function on the grader's inputs through the
+one runner of the exercise floor (`outcomes.run`); the parent relays the child's frames and
+stops a child that overruns. A child that dies or overruns while a function runs is replaced by
+a new one, which executes the notebook again and goes on with the next exercise.
 """
 
 from __future__ import annotations
 
 import builtins
+import importlib.abc
+import importlib.machinery
 import linecache
 import os
 import re
 import resource
+import shutil
 import signal
+import stat
 import sys
 import time
-import traceback
 import types
 
+from ..exercises import outcomes
 from . import wire
 
 # A line that calls an exercise's check: the grader calls the function itself, on hidden cases.
 CHECK_LINE = re.compile(r"^(\s*)(?:_\s*=\s*|assert\s+)?check_\w+\(\s*[A-Za-z_]\w*\s*\)"
                         r"(?:\.passed)?\s*;?\s*$")
 EXEC_GRACE = 5.0  # seconds past the notebook's own time limit before the parent stops it
+CATALOGUE = "xenith_edu.exercises"  # the boot installs it as a fence: see `fence_catalogue`
+OPEN_MODULES = ("outcomes",)  # the exercise floor's modules the sandbox may import
+_MATERIAL: dict[str, str] = {}  # catalogue module -> the teacher's helpers' source
+_MODULES: set[str] = set()  # the catalogue's module names: each a placeholder in the sandbox
 _STATE: dict = {"active": None, "hits": set()}  # the exercise being called, and the calls seen
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -48,12 +58,11 @@ def main() -> None:
     try:
         msg, _ = wire.message(wire.read_frame(req, None))
         _drop_privileges(msg.get("uid"))
+        _not_dumpable()
+        fill_home(msg.get("copy"), msg.get("home"))
         _set_limits(msg["limits"])
         os.environ["MPLBACKEND"] = "Agg"
-        import numpy  # noqa: F401  the package and its dependencies, before any learner code
-
-        import xenith_edu  # noqa: F401
-
+        fence_catalogue(msg.get("material") or {}, msg.get("catalogue") or [])
         for exercises in (nb["exercises"] for nb in msg["notebooks"]):
             for ex in exercises:
                 ex["wrapped"] = _wrap(ex["id"], ex["targets"])
@@ -68,8 +77,123 @@ def main() -> None:
     os._exit(0)
 
 
+def _not_dumpable() -> None:
+    """No process of the learner's may open this one's descriptors (the grader's channel)
+    through /proc, nor trace it: PR_SET_DUMPABLE 0, where Linux offers it."""
+    try:
+        import ctypes  # only here: the one call into libc, on Linux only
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except (OSError, AttributeError):
+        pass
+
+
+# ----------------------------------------------------------------------------------------------
+# The learner's home: a size-capped tmpfs, filled from the grader's read-only copy.
+
+
+def fill_home(copy: object, home: object, depth: int = 0) -> None:
+    """Copy the folder `copy` into `home`: folders and regular files only, no link followed."""
+    if copy is None or home is None:
+        return
+    if depth > 64:
+        raise ValueError("the learner's copy is nested too deeply")
+    for entry in os.scandir(str(copy)):
+        st = entry.stat(follow_symlinks=False)
+        target = os.path.join(str(home), entry.name)
+        if stat.S_ISDIR(st.st_mode):
+            os.mkdir(target, 0o755)
+            fill_home(entry.path, target, depth + 1)
+        elif stat.S_ISREG(st.st_mode):
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as src, open(target, "xb") as dst:
+                shutil.copyfileobj(src, dst)
+
+
+# ----------------------------------------------------------------------------------------------
+# The fence: the exercise catalogue is not in the sandbox, and its checks do nothing there.
+
+
+class _Skipped(types.SimpleNamespace):
+    """What a notebook's check returns inside the sandbox: nothing was checked there."""
+
+
+def _no_check(name: str):
+    def check(*args, **kwargs) -> _Skipped:
+        return _Skipped(exercise=name[6:], status="not checked in the sandbox", passed=True,
+                        message="", mistakes=())
+
+    check.__name__ = name
+    return check
+
+
+def _unavailable(module: str, name: str):
+    def unavailable(*args, **kwargs):
+        raise RuntimeError(f"{module}.{name} is not available inside the grader's sandbox: "
+                           "the exercise catalogue is kept out of it")
+
+    unavailable.__name__ = name
+    return unavailable
+
+
+def _catalogue_attr(name: str) -> object:
+    if name.startswith("check_"):
+        return _no_check(name)
+    raise AttributeError(f"{CATALOGUE}.{name} is not available inside the grader's sandbox: "
+                         "the exercise catalogue is kept out of it")
+
+
+def _placeholders(module: str):
+    def attr(name: str) -> object:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _unavailable(module, name)
+
+    return attr
+
+
+class _Fence(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports of the catalogue's modules give placeholders, whose functions raise."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        head, _, tail = fullname.rpartition(".")
+        if head == CATALOGUE and tail not in OPEN_MODULES and \
+                (fullname in _MATERIAL or tail in _MODULES):
+            return importlib.machinery.ModuleSpec(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__getattr__ = _placeholders(spec.name)
+        return module
+
+    def exec_module(self, module) -> None:
+        source = _MATERIAL.get(module.__name__)
+        if source:  # the teacher's helpers of this module: cut out by the grader, no reference
+            name = f"<{module.__name__}>"
+            linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+            exec(compile(source, name, "exec"), module.__dict__)  # inspect.getsource works
+
+
+def fence_catalogue(material: dict, modules: list) -> None:
+    """Finish the fence the boot put up (an empty `xenith_edu.exercises` whose path holds, in
+    the sandbox, only the runner): `check_*` become no-ops, the teacher's `material` (module
+    -> source) is what its `modules` hold, anything else is refused."""
+    _MATERIAL.update({k: v for k, v in material.items() if isinstance(v, str)})
+    _MODULES.update(m for m in modules if isinstance(m, str))
+    fence = sys.modules.get(CATALOGUE)
+    if fence is None or not getattr(fence, "_xenith_fence", False):
+        return  # started without the boot's fence (a test): nothing to finish
+    fence.__getattr__ = _catalogue_attr
+    if not any(isinstance(f, _Fence) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Fence())
+
+
 def _text(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+    try:
+        return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+    except Exception:  # a learner's exception whose __str__ raises
+        return type(exc).__name__[:100]
 
 
 def _drop_privileges(uid: object) -> None:
@@ -105,36 +229,26 @@ def _resolve(dotted: str) -> object:
 def _wrap(exercise: str, targets: list[str]) -> list[str]:
     """Replace each target function, wherever the package holds it, by one that reports."""
     done = []
-    specs = getattr(sys.modules.get("xenith_edu.exercises"), "SPECS", {})
     for dotted in targets:
+        if dotted.startswith("spec:") or dotted.startswith(CATALOGUE + "."):
+            continue  # the check's reference: the catalogue is not in the sandbox
         try:
-            if dotted.startswith("spec:"):  # the check's own reference function
-                original = specs[dotted[5:]].reference
-                dotted = f"the reference of check_{dotted[5:]}"
-            else:
-                original = _resolve(dotted)
-                home = f"{getattr(original, '__module__', '')}.{getattr(original, '__name__', '')}"
-                dotted = home if home.startswith("xenith_edu.") else dotted
-        except (ImportError, AttributeError, ValueError, KeyError):
+            original = _resolve(dotted)
+            home = f"{getattr(original, '__module__', '')}.{getattr(original, '__name__', '')}"
+            dotted = home if home.startswith("xenith_edu.") else dotted
+        except (ImportError, AttributeError, ValueError, KeyError, RuntimeError):
             continue
         if not callable(original) or getattr(original, "_xenith_reports", None):
             continue
         wrapper = _reporter(original, exercise, dotted)
         for module in [m for n, m in list(sys.modules.items())
                        if (n == "xenith_edu" or n.startswith("xenith_edu."))
-                       and not n.startswith("xenith_edu.classroom")]:
+                       and not n.startswith(("xenith_edu.classroom", CATALOGUE))]:
             for attr, value in list(vars(module).items()):
                 if value is original:
                     setattr(module, attr, wrapper)
-        _wrap_spec(original, wrapper)
         done.append(dotted)
     return done
-
-
-def _wrap_spec(original: object, wrapper: object) -> None:
-    for spec in getattr(sys.modules.get("xenith_edu.exercises"), "SPECS", {}).values():
-        if getattr(spec, "reference", None) is original:
-            spec.reference = wrapper
 
 
 def _reporter(original, exercise: str, dotted: str):
@@ -195,9 +309,10 @@ def _relay(i: int, nb: dict, msg: dict, fds: tuple[int, int, int, int], start: i
            ) -> dict | None:
     """Relay the child's frames; None when it finished, else the `stopped` record.
 
-    Only the frames a child sends ("ran", "result", "exercise") pass; anything else it writes
-    is dropped. After "ran", the grader's inputs go to the child: they never existed in the
-    sandbox while the learner's cells ran.
+    Every frame the child writes goes on to the grader, which holds it to the protocol: a
+    frame the learner's code forges there is the learner's protocol error. After the first
+    "ran", the grader's inputs go to the child: they never existed in the sandbox while the
+    learner's cells ran.
     """
     r, iw, req, rep = fds
     ex, calls, ran = start, 0, False
@@ -212,13 +327,10 @@ def _relay(i: int, nb: dict, msg: dict, fds: tuple[int, int, int, int], start: i
             why = "exited"
         else:
             op = got.get("op")
-            if got.get("nb") != i or op not in ("ran", "result", "exercise", "done") or \
-                    (op == "ran") == ran:
-                continue  # forged by the learner's code, or out of order
-            if op == "done":
+            if op == "done" and ran:
                 return None
-            wire.write_frame(rep, frame)
-            if op == "ran":
+            wire.write_frame(rep, frame)  # the grader holds every frame to the protocol
+            if op == "ran" and not ran:
                 ran = True
                 try:
                     wire.write_frame(iw, wire.read_frame(req, time.monotonic() + 60))
@@ -227,8 +339,10 @@ def _relay(i: int, nb: dict, msg: dict, fds: tuple[int, int, int, int], start: i
             elif op == "result":
                 calls += 1
                 continue
-            else:
+            elif op == "exercise":
                 ex, calls = ex + 1, 0
+            else:
+                continue  # a frame out of place: the grader ends the sandbox
             deadline = time.monotonic() + float(msg["call_time"])
             continue
         if not ran:
@@ -253,8 +367,9 @@ def _child(i: int, nb: dict, msg: dict, w: int, ir: int, start: int) -> None:
     for ex in nb["exercises"]:
         fn = ns.get(ex["fn"])
         functions[ex["fn"]] = ("missing" if ex["fn"] not in ns else "ok" if callable(fn)
-                               else f"not callable: {type(fn).__name__} {_short(fn)}")
-    wire.write_frame(w, wire.pack({"op": "ran", "nb": i, "errors": errors, "stopped": stopped,
+                               else f"not callable: {type(fn).__name__} {_short(fn)}"[:200])
+    wire.write_frame(w, wire.pack({"op": "ran", "nb": i, "errors": errors[:100],
+                                   "stopped": stopped and stopped[:1000],
                                    "functions": functions, "seconds": seconds}))
     got, blobs = wire.message(wire.read_frame(ir, None))
     os.close(ir)
@@ -295,49 +410,32 @@ def _short(value: object) -> str:
 
 
 def _call(i: int, k: int, j: int, exercise: str, fn, args: tuple) -> bytes:
-    """One call of the learner's function, as a frame: the value (or what it raised), the
-    arguments as the function left them, and the package functions it handed the work to."""
-    import warnings
-
-    import numpy as np
-
-    raised, got = None, None
+    """One call of the learner's function through the exercise floor's runner, as a frame:
+    its outcome (the value, or what it raised, or the argument it changed in place), and the
+    package functions it handed the work to."""
     _STATE["hits"] = set()
     _STATE["active"] = exercise
     t0 = time.perf_counter()
     try:
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
-            warnings.simplefilter("ignore")
-            got = fn(*args)
-    except NotImplementedError:
-        raised = ["NotImplementedError", "", ""]
-    except BaseException as exc:  # the learner's error is a verdict, not a crash
-        raised = [type(exc).__name__, str(exc)[:2000], _where(exc)]
+        outcome = outcomes.run(fn, args)
+    except BaseException as exc:  # what the notebook lets through (KeyboardInterrupt, ...)
+        outcome = outcomes.raised(exc)
     _STATE["active"] = None
     seconds = time.perf_counter() - t0
     blobs: list[bytes] = []
     try:
-        out = None if raised else wire.encode_value(got, blobs)
-        after = [wire.encode_value(a, blobs) for a in args]
+        tree = wire.encode_outcome(outcome, blobs)
     except RecursionError:
-        blobs, out, after = [], None, []
-        raised = ["RecursionError", "the returned value is nested too deeply to be read", ""]
-    return wire.pack({"op": "result", "nb": i, "ex": k, "call": j, "out": out, "raised": raised,
-                      "after": after, "delegated": sorted(_STATE["hits"]),
-                      "seconds": seconds}, blobs)
-
-
-def _where(exc: BaseException) -> str:
-    """' (line 3: `x / rms`)' for the last frame of the learner's own code, or ''."""
-    import numpy as np
-
-    numpy_dir = os.path.dirname(np.__file__)
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith(numpy_dir) and not f.filename.startswith(_HERE)]
-    if not frames or frames[-1].lineno is None:
-        return ""
-    f = frames[-1]
-    return f" (line {f.lineno}: `{f.line.strip()}`)" if f.line else f" (line {f.lineno})"
+        blobs, tree = [], wire.encode_outcome(outcomes.Raised(
+            "RecursionError", "the returned value is nested too deeply to be read"), [])
+    cap = wire.answer_cap(sum(a.nbytes for a in args if hasattr(a, "nbytes")))
+    if sum(len(b) for b in blobs) > cap:  # not sent: the grader would call it a flood
+        blobs, tree = [], wire.encode_outcome(outcomes.Raised("ValueError", (
+            f"{fn.__name__ if hasattr(fn, '__name__') else 'the function'} returned "
+            f"{sum(len(b) for b in blobs)} bytes of arrays, more than the grader reads for "
+            f"this case ({cap})")), [])
+    return wire.pack({"op": "result", "nb": i, "ex": k, "call": j, "outcome": tree,
+                      "delegated": sorted(_STATE["hits"]), "seconds": seconds}, blobs)
 
 
 def _cells(path: str) -> list[tuple[int, str]]:
@@ -397,7 +495,7 @@ def _execute(path: str, limit: float) -> tuple[dict, list, str | None]:
             return ns, errors, (f"timed out after {limit:g} s in cell {n} (an infinite loop, "
                                 "or too slow?); the cells after it did not run")
         except BaseException as exc:  # the learner's error: noted, the notebook goes on
-            errors.append([n, f"{_text(exc)}{_where(exc)}"])
+            errors.append([n, f"{_text(exc)}{outcomes.where(exc)}"[:3000]])
         _close_figures()
     return ns, errors, None
 
