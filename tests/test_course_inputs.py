@@ -123,7 +123,9 @@ def test_markup_and_formulas_from_learners_stay_text(tmp_path):
     write(lesson(), subs / "dup" / "lesson.ipynb")
     out = tmp_path / "grades.csv"
     rows = grade(subs, out, 20, instructor=inst, jobs=2, seed=1, feedback=tmp_path / "fb")
-    assert {r["learner"] for r in rows} == {FORGED, "dup.ipynb", "dup/"}  # not merged
+    # not merged: graded apart, and a row of the shared name says so
+    assert {r["learner"] for r in rows} == {FORGED, "dup.ipynb", "dup/", "dup"}
+    assert [r["status"] for r in rows if r["learner"] == "dup"] == ["name collision"]
     report = out.with_name("grades.md").read_text()
     assert "<img" not in report and "&lt;img src=x onerror=alert(1)&gt;" in report
     assert not [ln for ln in report.splitlines() if ln.startswith("# ") and "Forged" in ln]

@@ -265,7 +265,8 @@ def test_a_notebook_and_a_folder_of_one_name_are_graded_apart_and_reported(hosti
 
 def test_the_report_shows_the_tampering_and_the_limits(hostile):
     report = hostile["csv"].with_name("grades.md").read_text(encoding="utf-8")
-    for text in ("[protocol error]", "wrote on the grader's channel", "[over the limit]"):
+    # the report escapes Markdown, so the messages' brackets read as text: \[protocol error\]
+    for text in ("\\[protocol error\\]", "wrote on the grader's channel", "\\[over the limit\\]"):
         assert text in report, text
 
 

@@ -19,6 +19,7 @@ from .inputs import LatePolicy, Person, late_policy, read_filled, read_roster, r
 from .journal import group_readable
 from .points import Part
 from .report import write_report
+from .roster import COLLISION
 
 CSV_FIELDS = ("learner", "notebook", "exercise", "status", "points", "max_points", "late",
               "message")
@@ -40,6 +41,7 @@ class Entry:
     folder: bool = False
     time: float | None = None  # its modification time (seconds since the epoch)
     problem: str = ""  # why it was not graded (not a notebook, a link)
+    status: str = "notebook error"  # the row's status when it was not graded
     answers: dict = field(default_factory=dict)  # teacher's notebook -> {question: answer}
 
 
@@ -81,10 +83,15 @@ def _ids(entries: list[Entry]) -> dict[str, str]:
             for e in entries}
 
 
-def learners(entries: list[Entry], roster: list[Person] | None) -> list[Learner]:
-    """The class: the roster's learners in its order, then the submissions it does not name."""
+def learners(entries: list[Entry], roster: list[Person] | None,
+             collided: set[str] = frozenset()) -> list[Learner]:
+    """The class: the roster's learners in its order, then the submissions it does not name.
+
+    `collided`: the names that several submissions would share (the walk grades them apart,
+    under their file names, `dup.ipynb` and `dup/`), whose entries say so in a note."""
     ids = _ids(entries)
-    shared = {e.learner for e in entries if ids[e.key] != e.learner}
+    shared = {e.learner for e in entries if ids[e.key] != e.learner
+              or e.learner.removesuffix("/").removesuffix(".ipynb") in collided}
     by_id = {ids[e.key]: e for e in entries}
     out = []
     for p in roster or []:
@@ -152,7 +159,7 @@ def class_rows(people: list[Learner], base: dict[str, list[tuple]], parts: list[
         if e is None:
             found = _absent_rows(learner.id, parts)
         elif e.problem:
-            found = [(learner.id, "", "", "notebook error", e.problem)]
+            found = [(learner.id, "", "", e.status, e.problem)]
         else:
             found = [(learner.id, *r[1:]) for r in base[e.key]]
         found += _written_rows(learner, parts, pol.filled)
@@ -238,8 +245,13 @@ def finish(out_csv: Path, entries: list[Entry], base: dict[str, list[tuple]],
            parts: list[Part], pol: Policy, meta: dict) -> list[dict]:
     """Write the CSV, the totals, the report, the written sheet, the feedback and the exports;
     return the CSV's rows."""
-    people = learners(entries, pol.roster)
+    # a name collision is a row of the CSV and a note, not a learner of the totals or the LMS
+    collided = [e for e in entries if e.status == COLLISION]
+    people = learners([e for e in entries if e.status != COLLISION], pol.roster,
+                      {e.learner for e in collided})
     rows = class_rows(people, base, parts, pol)
+    rows += [dict(zip(CSV_FIELDS, (e.learner, "", "", e.status, "", "", "", e.problem),
+                      strict=True)) for e in collided]
     lines = totals(people, rows, parts, pol)
     files = outputs(out_csv)
     written: list[Path] = [out_csv, files["totals"]]
@@ -278,8 +290,9 @@ def entry_time(source: Path) -> float | None:
 
 def entry_of(i: int, entry: tuple[str, Path | None, str]) -> Entry:
     learner, source, problem = entry
-    if source is None:
-        return Entry(learner, learner, i, problem=problem or "not graded")
+    if source is None:  # a key no file name can have: "/" never stands in one
+        status, text = problem if problem else ("notebook error", "not graded")
+        return Entry(learner, f"/{learner}", i, problem=text, status=status)
     return Entry(learner, source.name, i, source.is_dir(), entry_time(source))
 
 

@@ -70,7 +70,8 @@ def report(rows: list[dict], meta: dict) -> str:
                 who.setdefault((r["exercise"], m), set()).add(r["learner"])
         if r["status"] in ERRORS:  # the same error of many learners is one line
             where = r["notebook"].rsplit("/", 1)[-1] or "the submission"
-            errors.setdefault(f"{where}: {r['message'][:160]}", []).append(r["learner"])
+            errors.setdefault((r["status"], f"{where}: {r['message'][:160]}"),
+                              []).append(r["learner"])
     lines = [f"# Grades: {_cell(meta.get('csv', ''))}", "",
              f"{meta.get('learners', 0)} learners, graded in {meta.get('seconds', 0):.0f} s "
              f"with {meta.get('jobs', 1)} jobs. Sandbox: {meta.get('sandbox', '')}.", "",
@@ -82,17 +83,25 @@ def report(rows: list[dict], meta: dict) -> str:
     else:
         lines.append("None: no failed check named a likely mistake.")
     lines += ["", "## Learners with errors", ""]
-    if errors:
-        for error, learners in sorted(errors.items(), key=lambda e: -len(set(e[1])))[:TOP]:
-            names = list(dict.fromkeys(learners))
-            who_ = ", ".join(f"**{_cell(n)}**" for n in names[:6]) + \
-                (f" and {len(names) - 6} more" if len(names) > 6 else "")
-            lines.append(f"- {who_}: {_cell(error)}")
-        if len(errors) > TOP:
-            lines.append(f"- and {len(errors) - TOP} other errors: see the CSV.")
-    else:
-        lines.append("None.")
+    lines += _errors(errors) if errors else ["None."]
     return "\n".join(lines) + "\n"
+
+
+def _errors(errors: dict[tuple[str, str], list[str]]) -> list[str]:
+    """The learners with errors, by status (tampering and limits each get their own lines, so
+    that many notebook errors never hide them), the most frequent error of each first."""
+    lines = []
+    for status in ERRORS:
+        mine = sorted(((e, w) for (s, e), w in errors.items() if s == status),
+                      key=lambda ew: -len(set(ew[1])))
+        for error, learners in mine[:TOP]:
+            names = list(dict.fromkeys(learners))
+            who = ", ".join(f"**{_cell(n)}**" for n in names[:6]) + \
+                (f" and {len(names) - 6} more" if len(names) > 6 else "")
+            lines.append(f"- {who}: {_cell(error)}")
+        if len(mine) > TOP:
+            lines.append(f"- and {len(mine) - TOP} other {status} rows: see the CSV.")
+    return lines
 
 
 def course_notes(people: list, totals: list[dict]) -> str:
