@@ -15,8 +15,9 @@ Student notebooks: every notebook the site offers for download (_sources/, _down
 replaced, when the build finishes, by its student version (`xenith_edu.classroom.student`:
 solutions become stubs raising NotImplementedError, a setup cell follows the title); the pages
 show the solutions collapsed, without the `### BEGIN/END SOLUTION` lines. The Binder button
-opens student/<chapter>.ipynb, which binder/postBuild writes; the other launch services (Colab,
-...) can only open the full notebook as committed, so their buttons are removed.
+opens student/<chapter>.ipynb, which binder/postBuild writes; the Colab button opens the same
+file on the branch `student`, which the book's workflow publishes (.github/workflows/book.yml);
+the other launch services can only open the full notebook as committed: their buttons go.
 
 Chapter tables: the directive `chapter-table` writes a table from the chapter registry
 (`xenith_edu.chapters`), so no page types a chapter's number or list: `:columns: derive` gives
@@ -27,6 +28,7 @@ exercise checks and what the learner writes (the teaching page).
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -181,6 +183,8 @@ def on_builder_inited(app: Sphinx) -> None:
 # replaced by stubs (xenith_edu.classroom.student). The pages still show the solutions,
 # collapsed, without nbgrader's marker lines.
 STUDENT_DIR = "student"  # where binder/postBuild writes the student copies, repository root
+STUDENT_BRANCH = "student"  # the branch where the workflow publishes them, for Colab
+COLAB_BLOB = re.compile(r"^(https://colab\.research\.google\.com/github/[^/]+/[^/]+)/blob/")
 
 
 def is_notebook_doc(app: Sphinx, docname: str) -> bool:
@@ -238,9 +242,10 @@ def student_launch_buttons(app: Sphinx, pagename: str, templatename: str,
     """`html-page-context`, after the theme: launch buttons open the student version.
 
     Binder builds the repository's branch and runs binder/postBuild, which writes the student
-    copies into student/; the button opens student/<chapter>.ipynb there. Other services
-    (Colab, JupyterHub, ...) open a file of the repository as committed, where only the full
-    notebook exists, so their buttons are removed.
+    copies into student/; the button opens student/<chapter>.ipynb there. Colab opens the same
+    file on the branch STUDENT_BRANCH, which the book's workflow publishes. Other services
+    (JupyterHub, ...) open a file of the repository as committed, where only the full notebook
+    exists, so their buttons are removed.
     """
     for group in context.get("header_buttons", []):
         if group.get("label") != "launch-buttons":
@@ -252,6 +257,10 @@ def student_launch_buttons(app: Sphinx, pagename: str, templatename: str,
                 ui = "lab/tree" if urlpath.startswith("lab/tree/") else "tree"
                 student = f"{STUDENT_DIR}/{Path(pagename).name}.ipynb"
                 kept.append({**button, "url": f"{base}?urlpath={ui}/{student}"})
+            elif button.get("text") == "Colab" and COLAB_BLOB.match(button.get("url", "")):
+                repo = COLAB_BLOB.match(button["url"]).group(1)
+                student = f"{STUDENT_DIR}/{Path(pagename).name}.ipynb"
+                kept.append({**button, "url": f"{repo}/blob/{STUDENT_BRANCH}/{student}"})
             elif button.get("type") == "javascript":
                 kept.append(button)  # live code in the page (thebe), when switched on
         group["buttons"] = kept
