@@ -55,6 +55,8 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("training", "Training the model",
             ("training.data", "training.optim", "training.loop", "model.generate"),
             "AdamW, the learning-rate schedule and the training loop"),
+    Chapter("capstone", "Capstone: a whole layer, step by step", (),
+            "the backward pass of one whole LLaMA layer, as 45 gradients of 36 atomic steps"),
     Chapter("memory", "Memory: attention without the S×S matrix", ("flash_attention",),
             "attention's backward from the saved log-sum-exp, recomputation, the KV cache",
             going_further=True),
