@@ -126,7 +126,9 @@ def test_teaching_page_times_are_computed_from_the_notebooks() -> None:
     assert "```{chapter-table}\n:columns: time\n```" in page
     assert not re.search(r"^\| \{doc\}`/notebooks/", page, re.M), "a typed table of chapters"
     assert f"at {ext.WORDS_PER_MINUTE} words a minute" in page.replace("\n", " ")
-    assert f"plus {ext.MINUTES_PER_EXERCISE} minutes for each exercise" in page.replace("\n", " ")
+    flat = page.replace("\n", " ")
+    assert f"plus {ext.MINUTES_PER_EXERCISE} minutes for each exercise" in flat
+    assert f"{ext.MINUTES_PER_EXERCISE} more for every further {ext.OUTPUTS_PER_SESSION}" in flat
     rows = ext.chapter_rows("time")
     assert len(rows) == 2 + len(chapters.CHAPTERS) + 1
     for c, row in zip(chapters.CHAPTERS, rows[2:], strict=False):
@@ -136,6 +138,7 @@ def test_teaching_page_times_are_computed_from_the_notebooks() -> None:
                     if x["cell_type"] == "markdown")
         assert t["words"] == words and f"| {words:,} |" in row, c.slug
         assert t["reading"] % 5 == 0 and t["reading"] * ext.WORDS_PER_MINUTE >= words, c.slug
-        assert t["session"] >= t["reading"] + ext.MINUTES_PER_EXERCISE * t["exercises"], c.slug
+        assert t["minutes"] >= ext.MINUTES_PER_EXERCISE * t["exercises"], c.slug
+        assert t["session"] == t["reading"] + t["minutes"] + (-(t["reading"] + t["minutes"]) % 5)
         assert t["exercises"] >= 1 and t["seconds"] > 0, c.slug
     assert [ext._clock(m) for m in (40, 60, 65, 120)] == ["40 min", "1 h", "1 h 05", "2 h"]

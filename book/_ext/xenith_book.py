@@ -153,8 +153,18 @@ def chapter_checks(c: Any) -> list[str]:
     return [n for n in names if n.startswith("check_") and f"{n}(" in notebook]
 
 
-MINUTES_PER_EXERCISE = 20  # the teaching page's rule: an exercise writes one function
+MINUTES_PER_EXERCISE = 20  # the teaching page's rule: an exercise writes one function ...
+OUTPUTS_PER_SESSION = 12  # ... and 20 minutes more for every further 12 arrays it returns
 WORDS_PER_MINUTE = 100  # slow reading: the text is mathematical
+
+
+def exercise_minutes(c: Any) -> int:
+    """The minutes of the chapter's exercises by the teaching page's rule."""
+    import importlib
+
+    specs = {s.id: s for s in importlib.import_module(c.exercises).SPECS}
+    return sum(MINUTES_PER_EXERCISE * -(-len(specs[name[len("check_"):]].out_names)
+                                        // OUTPUTS_PER_SESSION) for name in chapter_checks(c))
 
 
 def time_row(c: Any) -> dict[str, Any]:
@@ -165,10 +175,9 @@ def time_row(c: Any) -> dict[str, Any]:
     words = sum(len("".join(cell["source"]).split()) for cell in nb["cells"]
                 if cell["cell_type"] == "markdown")
     reading = _up5(-(-words // WORDS_PER_MINUTE))
-    exercises = len(chapter_checks(c))
-    return {"words": words, "reading": reading, "exercises": exercises,
-            "session": _up5(reading + MINUTES_PER_EXERCISE * exercises),
-            "seconds": _run_seconds(nb)}
+    exercises, minutes = len(chapter_checks(c)), exercise_minutes(c)
+    return {"words": words, "reading": reading, "exercises": exercises, "minutes": minutes,
+            "session": _up5(reading + minutes), "seconds": _run_seconds(nb)}
 
 
 def _time_rows() -> list[str]:
@@ -181,7 +190,7 @@ def _time_rows() -> list[str]:
         t = time_row(c)
         total += t["session"]
         rows.append(f"| {{doc}}`/{c.notebook}` | {t['words']:,} | {_clock(t['reading'])} | "
-                    f"{t['exercises']}, {_clock(MINUTES_PER_EXERCISE * t['exercises'])} | "
+                    f"{t['exercises']}, {_clock(t['minutes'])} | "
                     f"{_clock(t['session'])} | {t['seconds']:.0f} s |")
     rows.append(f"| the whole book | | | | {_clock(total)} | |")
     return rows
