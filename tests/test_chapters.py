@@ -100,13 +100,31 @@ def book_texts() -> list[tuple[str, str]]:
     return out
 
 
+def numbered_table_cells(text: str) -> list[str]:
+    """Bare numbers in a "chapter" column of a Markdown table: chapter numbers typed by hand."""
+    hits, column = [], None
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.lstrip().startswith("|"):
+            column = None
+        elif column is None:
+            column = next((i for i, c in enumerate(cells) if c.lower() == "chapter"), -1)
+        elif 0 <= column < len(cells) and re.fullmatch(r"\d+", cells[column]):
+            hits.append(line.strip())
+    return hits
+
+
 def test_no_chapter_numbers_are_typed_in_notebooks_or_book_pages() -> None:
     """The book numbers chapters from the registry (its toc, its tables): prose names titles."""
     hits = [f"{where}: {m.group(0)!r}" for where, text in book_texts()
             for m in re.finditer(r"[Cc]hapters? \d+|[Cc]h\. ?\d+", text)]
+    hits += [f"{where}: {row!r}" for where, text in book_texts()
+             for row in numbered_table_cells(text)]
     assert hits == [], f"chapter numbers typed by hand: {hits}"
     assert CHAPTER_NUMBER.search("as chapter 8 showed") and not CHAPTER_NUMBER.search(
         "as the training chapter showed")
+    assert numbered_table_cells("| step | chapter |\n| --- | --- |\n| CE | 1 |\n") == ["| CE | 1 |"]
+    assert numbered_table_cells("| step | from |\n| --- | --- |\n| CE | 1 |\n") == []
 
 
 def _teaching_ext():
