@@ -5,8 +5,8 @@ A small model (4 layers, width 64, 4 heads of 16, batch 2, float32) as the conte
 of reusable arrays switched off (else it counts only what earlier calls did not leave behind).
 Time, with the workspace on as in training, is the best of a few steps, the four combinations
 alternating round by round (on a shared machine the minimum is the least noisy estimate of a
-step's cost; the median is kept in the JSON too). Prints a table, writes benchmarks/memory.json
-and benchmarks/memory.png.
+step's cost; the median is kept in the JSON too). Prints a table, writes the package's copy of
+the figures, xenith_edu/data/memory.json (the memory chapter reads it), and benchmarks/memory.png.
 Run: python benchmarks/memory.py [--lengths 64 128 ...] [--repeats 5] [--out benchmarks]
 """
 
@@ -32,6 +32,8 @@ from xenith_edu.tools.workspace import workspace  # noqa: E402
 
 MODEL = dict(vocab_size=76, n_embd=64, n_head=4, n_layer=4, ffn_hidden=192)
 BATCH = 2
+# the one copy of the figures: package data of the repository's xenith_edu, read by the chapter
+PACKAGE_JSON = Path(__file__).resolve().parents[1] / "xenith_edu" / "data" / "memory.json"
 COMBOS = [("plain", False), ("plain", True), ("flash", False), ("flash", True)]
 
 
@@ -124,7 +126,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per point (default 5)")
     parser.add_argument("--block", type=int, default=64, help="flash block size (default 64)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent,
-                        help="folder for memory.json and memory.png (default: benchmarks/)")
+                        help="folder for memory.png (default: benchmarks/)")
+    parser.add_argument("--json", type=Path, default=PACKAGE_JSON,
+                        help="where the figures go (default: the package's copy, which the "
+                        "memory chapter reads)")
     args = parser.parse_args()
 
     print(f"one step, {MODEL['n_layer']} layers, d={MODEL['n_embd']}, H={MODEL['n_head']}, "
@@ -138,10 +143,10 @@ def main() -> None:
             rows.append(r)
             line += f"{r['peak_mib']:>13.1f} MiB {r['ms']:>7.0f} ms"
         print(line, flush=True)
-    atomic_write_text(args.out / "memory.json", json.dumps(
+    atomic_write_text(args.json, json.dumps(
         {"model": MODEL, "batch": BATCH, "block": args.block, "rows": rows}, indent=1) + "\n")
     plot(rows, args.out / "memory.png")
-    print(f"wrote {args.out / 'memory.json'} and {args.out / 'memory.png'}")
+    print(f"wrote {args.json} and {args.out / 'memory.png'}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import importlib
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,25 +82,89 @@ def test_no_chapter_numbers_are_typed_in_the_package_or_tests() -> None:
     assert len(hits) <= 3, f"chapter numbers typed by hand: {hits}"
 
 
-def _minutes(text: str) -> int:
-    """'40 min' -> 40, '1 h 05' -> 65, '2 h' -> 120."""
-    m = re.fullmatch(r"(?:(\d+) h)?\s*(\d+)?(?: min)?", text.strip())
-    assert m, text
-    return 60 * int(m.group(1) or 0) + int(m.group(2) or 0)
+def test_going_further_comes_after_the_main_path() -> None:
+    flags = [c.going_further for c in chapters.CHAPTERS]
+    assert flags == sorted(flags), "a going-further chapter sits before a chapter of the main path"
+    assert chapters.CHAPTERS[flags.index(True) - 1].slug != "backward", flags
+    assert flags.index(True) > [c.slug for c in chapters.CHAPTERS].index("training")
 
 
-def test_teaching_page_reading_times_follow_its_rule() -> None:
-    """book/teaching.md types each chapter's words and times: they must be the notebook's words
-    (whitespace-separated, in the markdown cells) and the page's rule applied to them, so that
-    a chapter edited without the table fails here."""
-    rows = re.findall(r"^\| \{doc\}`/notebooks/(\w+)` \| ([\d,]+) \| ([^|]+) \| (\d+), ([^|]+) \|"
-                      r" ([^|]+) \|", (ROOT / "book" / "teaching.md").read_text("utf-8"), re.M)
-    assert [r[0] for r in rows] == [c.slug for c in chapters.CHAPTERS]
-    up5 = lambda minutes: -(-minutes // 5) * 5  # noqa: E731  rounded up to five minutes
-    for slug, words, reading, _, exercises, session in rows:
-        nb = json.loads((ROOT / "notebooks" / f"{slug}.ipynb").read_text("utf-8"))
-        n = sum(len("".join(c["source"]).split()) for c in nb["cells"]
-                if c["cell_type"] == "markdown")
-        assert int(words.replace(",", "")) == n, f"{slug}: the page says {words} words, it has {n}"
-        assert _minutes(reading) == up5(-(-n // 100)), f"{slug}: reading time of {n} words"
-        assert _minutes(session) == up5(_minutes(reading) + _minutes(exercises)), slug
+def book_texts() -> list[tuple[str, str]]:
+    """(where, text) of every notebook cell and every book page: what a reader reads."""
+    out = [(f"book/{p.name}", p.read_text("utf-8")) for p in sorted((ROOT / "book").glob("*.md"))]
+    for c in chapters.CHAPTERS:
+        nb = json.loads((ROOT / f"{c.notebook}.ipynb").read_text("utf-8"))
+        out += [(f"{c.notebook}, cell {i}", "".join(cell["source"]))
+                for i, cell in enumerate(nb["cells"])]
+    out.append(("_toc.yml", (ROOT / "_toc.yml").read_text("utf-8")))
+    return out
+
+
+def numbered_table_cells(text: str) -> list[str]:
+    """Bare numbers in a "chapter" column of a Markdown table: chapter numbers typed by hand."""
+    hits, column = [], None
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.lstrip().startswith("|"):
+            column = None
+        elif column is None:
+            column = next((i for i, c in enumerate(cells) if c.lower() == "chapter"), -1)
+        elif 0 <= column < len(cells) and re.fullmatch(r"\d+", cells[column]):
+            hits.append(line.strip())
+    return hits
+
+
+def test_no_chapter_numbers_are_typed_in_notebooks_or_book_pages() -> None:
+    """The book numbers chapters from the registry (its toc, its tables): prose names titles."""
+    hits = [f"{where}: {m.group(0)!r}" for where, text in book_texts()
+            for m in re.finditer(r"[Cc]hapters? \d+|[Cc]h\. ?\d+", text)]
+    hits += [f"{where}: {row!r}" for where, text in book_texts()
+             for row in numbered_table_cells(text)]
+    assert hits == [], f"chapter numbers typed by hand: {hits}"
+    assert CHAPTER_NUMBER.search("as chapter 8 showed") and not CHAPTER_NUMBER.search(
+        "as the training chapter showed")
+    assert numbered_table_cells("| step | chapter |\n| --- | --- |\n| CE | 1 |\n") == ["| CE | 1 |"]
+    assert numbered_table_cells("| step | from |\n| --- | --- |\n| CE | 1 |\n") == []
+
+
+def test_chapters_name_the_rules_by_the_duality_tables_rows() -> None:
+    """One vocabulary: "the matmul row", "the used-twice row"..., not the notation page's
+    numbered rules (that page defines them as three rows of the table, for the prose pages)."""
+    hits = [f"{where}: {m.group(0)!r}" for where, text in book_texts() if where.startswith("note")
+            for m in re.finditer(r"\b[Rr]ules? [123]\b", text)]
+    assert hits == [], f"numbered rules in the chapters: {hits}"
+
+
+def _teaching_ext():
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    try:
+        import xenith_book
+    finally:
+        sys.path.pop(0)
+    return xenith_book
+
+
+def test_teaching_page_times_are_computed_from_the_notebooks() -> None:
+    """The teaching page's table is the `chapter-table` of `:columns: time`: the page types no
+    count and no time, and its rule is the extension's."""
+    ext = _teaching_ext()
+    page = (ROOT / "book" / "teaching.md").read_text("utf-8")
+    assert "```{chapter-table}\n:columns: time\n```" in page
+    assert not re.search(r"^\| \{doc\}`/notebooks/", page, re.M), "a typed table of chapters"
+    assert f"at {ext.WORDS_PER_MINUTE} words a minute" in page.replace("\n", " ")
+    flat = page.replace("\n", " ")
+    assert f"plus {ext.MINUTES_PER_EXERCISE} minutes for each exercise" in flat
+    assert f"{ext.MINUTES_PER_EXERCISE} more for every further {ext.OUTPUTS_PER_SESSION}" in flat
+    rows = ext.chapter_rows("time")
+    assert len(rows) == 2 + len(chapters.CHAPTERS) + 1
+    for c, row in zip(chapters.CHAPTERS, rows[2:], strict=False):
+        t = ext.time_row(c)
+        nb = json.loads((ROOT / f"{c.notebook}.ipynb").read_text("utf-8"))
+        words = sum(len("".join(x["source"]).split()) for x in nb["cells"]
+                    if x["cell_type"] == "markdown")
+        assert t["words"] == words and f"| {words:,} |" in row, c.slug
+        assert t["reading"] % 5 == 0 and t["reading"] * ext.WORDS_PER_MINUTE >= words, c.slug
+        assert t["minutes"] >= ext.MINUTES_PER_EXERCISE * t["exercises"], c.slug
+        assert t["session"] == t["reading"] + t["minutes"] + (-(t["reading"] + t["minutes"]) % 5)
+        assert t["exercises"] >= 1 and t["seconds"] > 0, c.slug
+    assert [ext._clock(m) for m in (40, 60, 65, 120)] == ["40 min", "1 h", "1 h 05", "2 h"]

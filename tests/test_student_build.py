@@ -93,10 +93,11 @@ def test_each_chapter_downloads_its_student_version_and_shows_its_solutions(
 
 
 def test_launch_buttons_open_the_student_version() -> None:
-    """Binder opens student/<chapter>.ipynb (binder/postBuild writes it); Colab is removed."""
+    """Binder opens student/<chapter>.ipynb (binder/postBuild writes it), Colab the same file on
+    the branch the workflow publishes; other services are removed."""
     sys.path.insert(0, str(ROOT / "book" / "_ext"))
     try:
-        from xenith_book import STUDENT_DIR, student_launch_buttons
+        from xenith_book import STUDENT_BRANCH, STUDENT_DIR, student_launch_buttons
     finally:
         sys.path.pop(0)
     binder = "https://mybinder.org/v2/gh/someone/xenith-edu/main"
@@ -110,48 +111,90 @@ def test_launch_buttons_open_the_student_version() -> None:
     student_launch_buttons(None, "notebooks/rmsnorm", "page.html", context, None)
     download, launch = context["header_buttons"]
     assert download["buttons"] == [{"text": ".ipynb", "url": "x"}]
-    assert [b["text"] for b in launch["buttons"]] == ["Binder"]
+    assert [b["text"] for b in launch["buttons"]] == ["Binder", "Colab"]
     assert launch["buttons"][0]["url"] == f"{binder}?urlpath=lab/tree/{STUDENT_DIR}/rmsnorm.ipynb"
+    assert launch["buttons"][1]["url"] == ("https://colab.research.google.com/github/someone/"
+                                           f"xenith-edu/blob/{STUDENT_BRANCH}/{STUDENT_DIR}/"
+                                           "rmsnorm.ipynb")
     postbuild = (ROOT / "binder" / "postBuild").read_text(encoding="utf-8")
     assert f"xenith-edu student notebooks --out {STUDENT_DIR}" in postbuild
-    only_colab = {"header_buttons": [{"label": "launch-buttons", "buttons": [
-        {"type": "link", "text": "Colab", "url": "https://colab.research.google.com/x"}]}]}
-    student_launch_buttons(None, "notebooks/rmsnorm", "page.html", only_colab, None)
-    assert only_colab["header_buttons"] == []  # no empty launch menu
+    assert '".[mpi,torch]"' in postbuild  # the torch chapter runs on Binder
+    workflow = (ROOT / ".github" / "workflows" / "book.yml").read_text(encoding="utf-8")
+    assert f"git push -qf origin {STUDENT_BRANCH}" in workflow
+    assert f"cp \"$RUNNER_TEMP\"/student/*.ipynb {STUDENT_DIR}/" in workflow
+    only_other = {"header_buttons": [{"label": "launch-buttons", "buttons": [
+        {"type": "link", "text": "JupyterHub", "url": "https://hub.example.org/x"}]}]}
+    student_launch_buttons(None, "notebooks/rmsnorm", "page.html", only_other, None)
+    assert only_other["header_buttons"] == []  # no empty launch menu
 
 
 # ---------------------------------------------------------------- the setup cell
 
 
 def run_cell(source: str, monkeypatch, importable: bool) -> list[list[str]]:
-    """Run a setup cell's code; return the commands it ran (subprocess.run is recorded)."""
+    """Run a setup cell's code; return the commands it ran (subprocess.run is recorded, and
+    "installs" the package: `import xenith_edu` fails until it has run)."""
     ran: list[list[str]] = []
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: ran.append(cmd))
+
+    def install(cmd, **kw):
+        ran.append(cmd)
+        sys.modules.pop("xenith_edu", None)  # installed: the import now finds the package
+
+    monkeypatch.setattr(subprocess, "run", install)
     if not importable:
         monkeypatch.setitem(sys.modules, "xenith_edu", None)  # `import xenith_edu` fails
     exec(compile(source, "setup cell", "exec"), {})
     return ran
 
 
+REAL_RUN = subprocess.run  # run_cell replaces subprocess.run while a test runs
+
+
+def run_alone(source: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run a setup cell in a Python without site-packages (-S), in `cwd`: xenith_edu is absent
+    unless the cell finds it."""
+    return REAL_RUN([sys.executable, "-S", "-c", source + "\nprint(xenith_edu.__file__)"],
+                    cwd=cwd, capture_output=True, text=True, timeout=60, env={})
+
+
 def test_setup_cell_does_nothing_where_xenith_edu_imports(monkeypatch) -> None:
     cell = setup_cell("https://github.com/someone/xenith-edu", "main")
     assert run_cell(cell.source, monkeypatch, importable=True) == []
     assert SETUP_TAG in cell.metadata["tags"]
-    assert max(len(line) for line in cell.source.split("\n")) <= 88
+    for url in ("https://github.com/someone/xenith-edu", ""):
+        assert max(len(line) for line in setup_cell(url, "main").source.split("\n")) <= 88
 
 
-def test_setup_cell_installs_from_the_repository_where_it_does_not_import(monkeypatch) -> None:
+def test_setup_cell_installs_from_the_repository_where_it_does_not_import(
+        monkeypatch, tmp_path) -> None:
+    monkeypatch.chdir(tmp_path)  # no clone of the repository above
     cell = setup_cell("https://github.com/someone/xenith-edu", "main")
     (cmd,) = run_cell(cell.source, monkeypatch, importable=False)
     assert cmd[:4] == [sys.executable, "-m", "pip", "install"]
     assert cmd[-1] == "git+https://github.com/someone/xenith-edu@main"
 
 
-def test_setup_cell_without_a_repository_says_how_to_install(monkeypatch) -> None:
+def test_setup_cell_uses_the_package_of_a_clone_above(tmp_path) -> None:
+    package = tmp_path / "clone" / "xenith_edu"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "chapters.py").write_text("")
+    (tmp_path / "clone" / "student").mkdir()
+    for url in ("", "https://github.com/someone/xenith-edu"):
+        ran = run_alone(setup_cell(url, "main").source, tmp_path / "clone" / "student")
+        assert ran.returncode == 0, ran.stderr
+        assert Path(ran.stdout.strip()) == (package / "__init__.py").resolve()
+
+
+def test_setup_cell_without_a_repository_says_how_to_install(monkeypatch, tmp_path) -> None:
     cell = setup_cell("", "main")
     assert run_cell(cell.source, monkeypatch, importable=True) == []
-    with pytest.raises(ImportError, match="make lab"):
-        run_cell(cell.source, monkeypatch, importable=False)
+    assert "install" not in cell.source.split("try:")[0]  # the comment promises no install
+    ran = run_alone(cell.source, tmp_path)
+    assert ran.returncode == 1
+    last = ran.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: this notebook needs the package xenith_edu")
+    assert "make lab" in last
 
 
 def test_the_setup_cell_reads_the_books_repository(tmp_path) -> None:

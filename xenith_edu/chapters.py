@@ -19,6 +19,7 @@ class Chapter(NamedTuple):
     modules: tuple[str, ...]  # the xenith_edu modules whose functions the chapter derives
     summary: str = ""  # what the reader derives, for the book's generated tables (required)
     numbered: bool = True  # False for the chapter of rules that comes before the first one
+    going_further: bool = False  # past the main path (after training): read in any order
 
     @property
     def notebook(self) -> str:
@@ -31,7 +32,8 @@ class Chapter(NamedTuple):
         return f"xenith_edu.exercises.{self.slug}"
 
 
-# The book's order, which is the order the gradient flows backward through the model.
+# The book's order: the main path follows the gradient backward through the model, assembles it
+# and trains it; the going-further chapters come after it, every one of them.
 CHAPTERS: tuple[Chapter, ...] = (
     Chapter("rules", "The rules of backprop", (),
             "vector-Jacobian products and the duality table that every chapter uses",
@@ -50,17 +52,23 @@ CHAPTERS: tuple[Chapter, ...] = (
             "a scatter-add of rows, and the tied embedding's two gradients"),
     Chapter("backward", "The whole backward pass", ("model", "linear", "tools.gradcheck"),
             "the backward pass of the complete model, layer by layer"),
-    Chapter("memory", "Memory: attention without the S×S matrix", ("flash_attention",),
-            "attention's backward from the saved log-sum-exp, recomputation, the KV cache"),
     Chapter("training", "Training the model",
             ("training.data", "training.optim", "training.loop", "model.generate"),
             "AdamW, the learning-rate schedule and the training loop"),
-    Chapter("llama", "A real LLaMA", ("model.hf", "training.finetune"),
-            "grouped-query attention's backward, Hugging Face checkpoints, fine-tuning them"),
+    Chapter("capstone", "Capstone: a whole layer, step by step", (),
+            "the backward pass of one whole LLaMA layer, as 45 gradients of 36 atomic steps"),
+    Chapter("memory", "Memory: attention without the S×S matrix", ("flash_attention",),
+            "attention's backward from the saved log-sum-exp, recomputation, the KV cache",
+            going_further=True),
     Chapter("parallel", "Many processes", ("training.parallel",),
-            "data-parallel training: the gradient of a mean as the mean of its shards'"),
+            "data-parallel training: the gradient of a mean as the mean of its shards'",
+            going_further=True),
     Chapter("torch", "Your backward inside PyTorch", (),
-            "our backward as autograd Functions, checked against PyTorch's own gradients"),
+            "our backward as autograd Functions, checked against PyTorch's own gradients",
+            going_further=True),
+    Chapter("llama", "A real LLaMA", ("model.hf", "training.finetune"),
+            "grouped-query attention's backward, Hugging Face checkpoints, fine-tuning them",
+            going_further=True),
 )
 
 _BY_SLUG = {c.slug: c for c in CHAPTERS}

@@ -15,18 +15,21 @@ Student notebooks: every notebook the site offers for download (_sources/, _down
 replaced, when the build finishes, by its student version (`xenith_edu.classroom.student`:
 solutions become stubs raising NotImplementedError, a setup cell follows the title); the pages
 show the solutions collapsed, without the `### BEGIN/END SOLUTION` lines. The Binder button
-opens student/<chapter>.ipynb, which binder/postBuild writes; the other launch services (Colab,
-...) can only open the full notebook as committed, so their buttons are removed.
+opens student/<chapter>.ipynb, which binder/postBuild writes; the Colab button opens the same
+file on the branch `student`, which the book's workflow publishes (.github/workflows/book.yml);
+the other launch services can only open the full notebook as committed: their buttons go.
 
 Chapter tables: the directive `chapter-table` writes a table from the chapter registry
 (`xenith_edu.chapters`), so no page types a chapter's number or list: `:columns: derive` gives
 each chapter and what it derives (the introduction), `:columns: exercises` each chapter's
-exercise checks and what the learner writes (the teaching page).
+exercise checks and what the learner writes, `:columns: time` each chapter's words, exercises,
+session and running time, computed from its notebook (both on the teaching page).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -113,8 +116,88 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _up5(minutes: int) -> int:
+    return -(-minutes // 5) * 5  # rounded up to five minutes
+
+
+def _clock(minutes: int) -> str:
+    """40 -> "40 min", 65 -> "1 h 05", 120 -> "2 h"."""
+    if minutes < 60:
+        return f"{minutes} min"
+    h, m = divmod(minutes, 60)
+    return f"{h} h {m:02d}" if m else f"{h} h"
+
+
+def _run_seconds(nb: dict) -> float:
+    """Seconds the notebook's cells took when it was last executed (nbclient's timing)."""
+    from datetime import datetime
+
+    total = 0.0
+    for cell in nb["cells"]:
+        t = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" in t and "shell.execute_reply" in t:
+            start, end = (datetime.fromisoformat(t[k].replace("Z", "+00:00"))
+                          for k in ("iopub.execute_input", "shell.execute_reply"))
+            total += (end - start).total_seconds()
+    return total
+
+
+def chapter_checks(c: Any) -> list[str]:
+    """The exercise checks the chapter's notebook calls, in its exercise module's order."""
+    import importlib
+
+    module = importlib.import_module(c.exercises)
+    names = getattr(module, "__all__", None) or sorted(
+        n for n in vars(module) if n.startswith("check_"))
+    notebook = (ROOT / f"{c.notebook}.ipynb").read_text(encoding="utf-8")
+    return [n for n in names if n.startswith("check_") and f"{n}(" in notebook]
+
+
+MINUTES_PER_EXERCISE = 20  # the teaching page's rule: an exercise writes one function ...
+OUTPUTS_PER_SESSION = 12  # ... and 20 minutes more for every further 12 arrays it returns
+WORDS_PER_MINUTE = 100  # slow reading: the text is mathematical
+
+
+def exercise_minutes(c: Any) -> int:
+    """The minutes of the chapter's exercises by the teaching page's rule."""
+    import importlib
+
+    specs = {s.id: s for s in importlib.import_module(c.exercises).SPECS}
+    return sum(MINUTES_PER_EXERCISE * -(-len(specs[name[len("check_"):]].out_names)
+                                        // OUTPUTS_PER_SESSION) for name in chapter_checks(c))
+
+
+def time_row(c: Any) -> dict[str, Any]:
+    """A chapter's words, reading time, exercises and session, by the teaching page's rule."""
+    import json
+
+    nb = json.loads((ROOT / f"{c.notebook}.ipynb").read_text(encoding="utf-8"))
+    words = sum(len("".join(cell["source"]).split()) for cell in nb["cells"]
+                if cell["cell_type"] == "markdown")
+    reading = _up5(-(-words // WORDS_PER_MINUTE))
+    exercises, minutes = len(chapter_checks(c)), exercise_minutes(c)
+    return {"words": words, "reading": reading, "exercises": exercises, "minutes": minutes,
+            "session": _up5(reading + minutes), "seconds": _run_seconds(nb)}
+
+
+def _time_rows() -> list[str]:
+    from xenith_edu import chapters
+
+    rows = ["| chapter | words | reading and deriving | exercises | one session of "
+            "| code runs in |", "| --- | --- | --- | --- | --- | --- |"]
+    total = 0
+    for c in chapters.CHAPTERS:
+        t = time_row(c)
+        total += t["session"]
+        rows.append(f"| {{doc}}`/{c.notebook}` | {t['words']:,} | {_clock(t['reading'])} | "
+                    f"{t['exercises']}, {_clock(t['minutes'])} | "
+                    f"{_clock(t['session'])} | {t['seconds']:.0f} s |")
+    rows.append(f"| the whole book | | | | {_clock(total)} | |")
+    return rows
+
+
 def chapter_rows(columns: str) -> list[str]:
-    """The Markdown rows of the registry's table: "derive" or "exercises" columns."""
+    """The Markdown rows of the registry's table: "derive", "exercises" or "time" columns."""
     import importlib
 
     from xenith_edu import chapters
@@ -122,6 +205,8 @@ def chapter_rows(columns: str) -> list[str]:
     def number(c: Any) -> str:
         return str(chapters.number(c.slug)) if c.numbered else ""
 
+    if columns == "time":
+        return _time_rows()
     if columns == "derive":
         rows = ["| | chapter | what you derive |", "| --- | --- | --- |"]
         for c in chapters.CHAPTERS:
@@ -130,11 +215,8 @@ def chapter_rows(columns: str) -> list[str]:
     rows = ["| | chapter | the learner writes | check |", "| --- | --- | --- | --- |"]
     for c in chapters.CHAPTERS:
         module = importlib.import_module(c.exercises)
-        names = getattr(module, "__all__", None) or sorted(
-            n for n in vars(module) if n.startswith("check_"))
-        notebook = (ROOT / f"{c.notebook}.ipynb").read_text(encoding="utf-8")
         first = True  # a check the chapter no longer calls (a replaced one) is not listed
-        for name in (n for n in names if n.startswith("check_") and f"{n}(" in notebook):
+        for name in chapter_checks(c):
             doc = (getattr(module, name).__doc__ or "").strip().split("\n\n")[0]
             lead = f"{number(c)} | {{doc}}`/{c.notebook}`" if first else " | "
             rows.append(f"| {lead} | {_cell(doc)} | `{name}` |")
@@ -145,13 +227,17 @@ def chapter_rows(columns: str) -> list[str]:
 class ChapterTable(SphinxDirective):
     """`chapter-table`: the registry's chapters as a table (see `chapter_rows`)."""
 
-    option_spec = {"columns": lambda arg: directives.choice(arg, ("derive", "exercises"))}
+    option_spec = {"columns": lambda arg: directives.choice(arg, ("derive", "exercises", "time"))}
 
     def run(self) -> list[nodes.Node]:
         from xenith_edu import chapters
 
         self.env.note_dependency(chapters.__file__)
-        rows = chapter_rows(self.options.get("columns", "derive"))
+        columns = self.options.get("columns", "derive")
+        rows = chapter_rows(columns)
+        if columns in ("exercises", "time"):  # computed from the notebooks: rebuilt with them
+            for c in chapters.CHAPTERS:
+                self.env.note_dependency(str(ROOT / f"{c.notebook}.ipynb"))
         container = nodes.container()
         source = self.get_source_info()[0]
         self.state.nested_parse(StringList(rows, source=source), self.content_offset, container)
@@ -181,6 +267,8 @@ def on_builder_inited(app: Sphinx) -> None:
 # replaced by stubs (xenith_edu.classroom.student). The pages still show the solutions,
 # collapsed, without nbgrader's marker lines.
 STUDENT_DIR = "student"  # where binder/postBuild writes the student copies, repository root
+STUDENT_BRANCH = "student"  # the branch where the workflow publishes them, for Colab
+COLAB_BLOB = re.compile(r"^(https://colab\.research\.google\.com/github/[^/]+/[^/]+)/blob/")
 
 
 def is_notebook_doc(app: Sphinx, docname: str) -> bool:
@@ -238,9 +326,10 @@ def student_launch_buttons(app: Sphinx, pagename: str, templatename: str,
     """`html-page-context`, after the theme: launch buttons open the student version.
 
     Binder builds the repository's branch and runs binder/postBuild, which writes the student
-    copies into student/; the button opens student/<chapter>.ipynb there. Other services
-    (Colab, JupyterHub, ...) open a file of the repository as committed, where only the full
-    notebook exists, so their buttons are removed.
+    copies into student/; the button opens student/<chapter>.ipynb there. Colab opens the same
+    file on the branch STUDENT_BRANCH, which the book's workflow publishes. Other services
+    (JupyterHub, ...) open a file of the repository as committed, where only the full notebook
+    exists, so their buttons are removed.
     """
     for group in context.get("header_buttons", []):
         if group.get("label") != "launch-buttons":
@@ -252,6 +341,10 @@ def student_launch_buttons(app: Sphinx, pagename: str, templatename: str,
                 ui = "lab/tree" if urlpath.startswith("lab/tree/") else "tree"
                 student = f"{STUDENT_DIR}/{Path(pagename).name}.ipynb"
                 kept.append({**button, "url": f"{base}?urlpath={ui}/{student}"})
+            elif button.get("text") == "Colab" and COLAB_BLOB.match(button.get("url", "")):
+                repo = COLAB_BLOB.match(button["url"]).group(1)
+                student = f"{STUDENT_DIR}/{Path(pagename).name}.ipynb"
+                kept.append({**button, "url": f"{repo}/blob/{STUDENT_BRANCH}/{student}"})
             elif button.get("type") == "javascript":
                 kept.append(button)  # live code in the page (thebe), when switched on
         group["buttons"] = kept

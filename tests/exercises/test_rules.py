@@ -26,12 +26,12 @@ def learner(**wrong):
         ddiff = {"none": de * 2 * c["diff"], "no2": de * c["diff"],
                  "no_de": 2 * c["diff"]}[wrong.get("ddiff", "none")]
         dout = -ddiff if wrong.get("dout") == "sign" else ddiff
-        dW = {"none": c["y"].T @ dout, "T": dout.T @ c["y"], "xhat": c["xhat"].T @ dout,
+        dW = {"none": c["u"].T @ dout, "T": dout.T @ c["u"], "xhat": c["xhat"].T @ dout,
               "x": x.T @ dout}[wrong.get("dW", "none")]
-        dy = dout @ W if wrong.get("dy") == "noT" else dout @ W.T
-        dw = {"none": (dy * c["xhat"]).sum(axis=0), "x": (dy * x).sum(axis=0),
-              "nofactor": dy.sum(axis=0), "unsummed": dy * c["xhat"]}[wrong.get("dw", "none")]
-        dxhat = dy if wrong.get("dxhat") == "nogain" else dy * w
+        du = dout @ W if wrong.get("du") == "noT" else dout @ W.T
+        dw = {"none": (du * c["xhat"]).sum(axis=0), "x": (du * x).sum(axis=0),
+              "nofactor": du.sum(axis=0), "unsummed": du * c["xhat"]}[wrong.get("dw", "none")]
+        dxhat = du if wrong.get("dxhat") == "nogain" else du * w
         dr = {"none": (dxhat * x).sum(axis=1, keepdims=True),
               "xhat": (dxhat * c["xhat"]).sum(axis=1, keepdims=True),
               "mean": (dxhat * x).mean(axis=1, keepdims=True),
@@ -47,7 +47,7 @@ def learner(**wrong):
               "no_xhat": dsq * 2 * x, "no2": dxhat * c["r"] + dsq * x,
               "xhat": dxhat * c["xhat"] + dsq * 2 * x,
               "minus": dxhat * c["r"] - dsq * 2 * x}[wrong.get("dx", "none")]
-        return de, ddiff, dout, dW, dy, dw, dxhat, dr, dvar, dms, dsq, dx
+        return de, ddiff, dout, dW, du, dw, dxhat, dr, dvar, dms, dsq, dx
 
     return my_block_backward
 
@@ -61,9 +61,9 @@ CATALOGUE = [
     (dict(ddiff="no_de"), ["ddiff (step 9", "not multiplied by de"]),
     (dict(dout="sign"), ["dout (step 8", "derivative +1"]),
     (dict(dW="T"), ["dW has shape", "transposed"]),
-    (dict(dW="xhat"), ["dW (step 7", "uses xhat where y"]),
-    (dict(dW="x"), ["dW (step 7", "uses x where y"]),
-    (dict(dy="noT"), ["dy", "matmul"]),
+    (dict(dW="xhat"), ["dW (step 7", "uses xhat where u"]),
+    (dict(dW="x"), ["dW (step 7", "uses x where u"]),
+    (dict(du="noT"), ["du", "matmul"]),
     (dict(dw="x"), ["dw (step 6", "uses x where xhat is needed"]),
     (dict(dw="nofactor"), ["dw (step 6", "misses the factor xhat"]),
     (dict(dw="unsummed"), ["dw has shape", "copied over the N rows"]),

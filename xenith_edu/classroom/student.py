@@ -125,9 +125,9 @@ def _student_notebook(nb, name: str):  # nb: nbformat.NotebookNode
 
 
 # The setup cell that opens a student notebook of the book: it does nothing where xenith_edu
-# imports; elsewhere (Colab, or a Binder opened from a launch button) it installs the
-# package from the book's repository, `repository.url` of the book's _config.yml, read when
-# the student versions are made.
+# imports; in a clone of the repository it imports the clone's package; elsewhere (Colab, or a
+# Binder opened from a launch button) it installs the package from the book's repository,
+# `repository.url` of the book's _config.yml, read when the student versions are made.
 SETUP_TAG = "setup"
 REPOSITORY_BLOCK = re.compile(r"^repository:[ \t]*\n((?:[ \t]+.*(?:\n|$)|[ \t]*\n)*)", re.MULTILINE)
 REPOSITORY_KEY = re.compile(r"^[ \t]+(url|branch):[ \t]*[\"']?([^\"'#\n]*?)[\"']?[ \t]*(?:#.*)?$",
@@ -150,25 +150,38 @@ def book_repository(src: Path) -> tuple[str, str] | None:
 
 
 def setup_cell(url: str, branch: str = ""):  # -> nbformat.NotebookNode
-    """The setup cell: a no-op where xenith_edu imports, else it installs it from `url`.
+    """The setup cell: a no-op where xenith_edu imports; else it uses a clone of the book's
+    repository found above the working folder, else installs the package from `url`.
 
-    With no `url` it says how to install the package instead.
+    With no `url` and no clone, it says in one line how to get the package.
     """
     from nbformat.v4 import new_code_cell
 
     if url:
         package = f"git+{url}" + (f"@{branch}" if branch else "")
-        install = ["    import subprocess", "    import sys", "",
-                   f"    package = {json.dumps(package)}  # the book's repository",
-                   '    subprocess.run([sys.executable, "-m", "pip", "install", "-q", package],',
-                   "                   check=True)"]
+        fallback = ["        import importlib", "        import subprocess", "",
+                    "        # the package from the book's repository",
+                    f"        package = {json.dumps(package)}",
+                    '        subprocess.run([sys.executable, "-m", "pip", "install", "-q",',
+                    "                        package], check=True)",
+                    "        importlib.invalidate_caches()"]
+        says = "(Colab, Binder) it installs\n# it from the book's repository."
     else:
-        install = ['    raise ImportError("this notebook needs the package xenith_edu: in a clone '
-                   'of the book\'s "', '                      "repository run `make lab` (or '
-                   '`pip install -e .`)") from None']
-    lines = ["# Setup: does nothing where xenith_edu is installed; elsewhere (Colab, Binder)",
-             "# it installs the package of this book.", "try:",
-             "    import xenith_edu  # noqa: F401", "except ImportError:", *install]
+        fallback = ['        raise ImportError("this notebook needs the package xenith_edu: "',
+                    '                          "run `make lab` in a clone of the book\'s "',
+                    '                          "repository, or pip install it") from None']
+        says = "it says in one line\n# how to get it."
+    lines = ["# Setup: nothing to do where xenith_edu imports; in a clone of the book's",
+             f"# repository it uses the clone's package; elsewhere {says}",
+             "import sys", "from pathlib import Path", "", "try:",
+             "    import xenith_edu  # noqa: F401", "except ImportError:",
+             "    here = Path.cwd().resolve()",
+             "    clone = [p for p in (here, *here.parents)",
+             "             if (p / \"xenith_edu\" / \"chapters.py\").is_file()]",
+             "    if clone:",
+             "        sys.path.insert(0, str(clone[0]))  # the clone's package, as it is",
+             "    else:", *fallback,
+             "    import xenith_edu  # noqa: F401,E402"]
     # a fixed id: the student version of a notebook is the same file every time it is made
     return new_code_cell("\n".join(lines), id="xenith-edu-setup", metadata={"tags": [SETUP_TAG]})
 

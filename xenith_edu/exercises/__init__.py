@@ -32,6 +32,7 @@ from .backward import (
     check_linear_backward,
     check_residual_scale_backward,
 )
+from .capstone import check_capstone_layer
 from .embedding import (
     check_embedding_backward,
     check_position_embedding_backward,
@@ -137,6 +138,7 @@ __all__ = [
     "check_adamw_update",
     "check_lr_schedule",
     "check_adam_l2_update",
+    "check_capstone_layer",
     "check_global_gradient",
     "check_ring_allreduce_bytes",
     "check_wq_from_rotate_half",

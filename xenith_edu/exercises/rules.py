@@ -24,11 +24,11 @@ STEPS: tuple[tuple[str, str, str], ...] = (
      "sum: its backward copies the gradient 1 / (2N) to every entry of e"),
     ("ddiff", "step 9, e = diff**2", "elementwise: multiply de by the derivative 2 * diff"),
     ("dout", "step 8, diff = out - target", "elementwise: the derivative of out - target is 1"),
-    ("dW", "step 7, out = y @ W", "matmul: dW = y.T @ dout, of shape (d, m)"),
-    ("dy", "step 7, out = y @ W", "matmul: dy = dout @ W.T, of shape (N, d)"),
-    ("dw", "step 6, y = xhat * w",
-     "broadcast: w is copied over the N rows, so dw sums dy * xhat over them (axis=0)"),
-    ("dxhat", "step 6, y = xhat * w", "elementwise: dxhat = dy * w"),
+    ("dW", "step 7, out = u @ W", "matmul: dW = u.T @ dout, of shape (d, m)"),
+    ("du", "step 7, out = u @ W", "matmul: du = dout @ W.T, of shape (N, d)"),
+    ("dw", "step 6, u = xhat * w",
+     "broadcast: w is copied over the N rows, so dw sums du * xhat over them (axis=0)"),
+    ("dxhat", "step 6, u = xhat * w", "elementwise: dxhat = du * w"),
     ("dr", "step 5, xhat = x * r",
      "broadcast: r (N, 1) is copied over the d columns, so dr sums dxhat * x along each row "
      "(axis=1, keepdims=True)"),
@@ -54,12 +54,12 @@ def block_forward(x: np.ndarray, w: np.ndarray, W: np.ndarray, target: np.ndarra
     var = ms + eps  # (N, 1)
     r = var**-0.5  # (N, 1)
     xhat = x * r  # (N, d)
-    y = xhat * w  # (N, d)
-    out = y @ W  # (N, m)
+    u = xhat * w  # (N, d)
+    out = u @ W  # (N, m)
     diff = out - target  # (N, m)
     e = diff**2  # (N, m)
     loss = e.sum() / (2 * len(x))  # scalar
-    return loss, dict(sq=sq, ms=ms, var=var, r=r, xhat=xhat, y=y, out=out, diff=diff, e=e)
+    return loss, dict(sq=sq, ms=ms, var=var, r=r, xhat=xhat, u=u, out=out, diff=diff, e=e)
 
 
 def block_backward(x: np.ndarray, w: np.ndarray, W: np.ndarray, target: np.ndarray,
@@ -70,16 +70,16 @@ def block_backward(x: np.ndarray, w: np.ndarray, W: np.ndarray, target: np.ndarr
     de = np.full_like(c["e"], 1 / (2 * N))  # (N, m)
     ddiff = de * 2 * c["diff"]  # (N, m)
     dout = ddiff  # (N, m)
-    dW = c["y"].T @ dout  # (d, m)
-    dy = dout @ W.T  # (N, d)
-    dw = (dy * c["xhat"]).sum(axis=0)  # (d,)
-    dxhat = dy * w  # (N, d)
+    dW = c["u"].T @ dout  # (d, m)
+    du = dout @ W.T  # (N, d)
+    dw = (du * c["xhat"]).sum(axis=0)  # (d,)
+    dxhat = du * w  # (N, d)
     dr = (dxhat * x).sum(axis=1, keepdims=True)  # (N, 1)
     dvar = dr * -0.5 * c["var"] ** -1.5  # (N, 1)
     dms = dvar  # (N, 1)
     dsq = np.broadcast_to(dms / d, x.shape).copy()  # (N, d)
     dx = dxhat * c["r"] + dsq * 2 * x  # (N, d): x is used twice
-    return de, ddiff, dout, dW, dy, dw, dxhat, dr, dvar, dms, dsq, dx
+    return de, ddiff, dout, dW, du, dw, dxhat, dr, dvar, dms, dsq, dx
 
 
 def _cases(rng: np.random.Generator) -> list[Case]:
@@ -142,13 +142,13 @@ def _head_mistakes(args: tuple, exp: dict) -> list[Mistake]:
            "arrives from above by its own derivative.", lambda: 2 * c["diff"]),
         at("dout", "diff = out - target has derivative +1 with respect to out, not -1.",
            lambda: -g["ddiff"]),
-        at("dW", "dW is transposed: the matmul rule gives dW = y.T @ dout, shape (d, m).",
-           lambda: (g["dout"].T @ c["y"]) if d == m else None),
-        at("dW", "dW uses xhat where y, the input of the product, is needed: dW = y.T @ dout.",
+        at("dW", "dW is transposed: the matmul rule gives dW = u.T @ dout, shape (d, m).",
+           lambda: (g["dout"].T @ c["u"]) if d == m else None),
+        at("dW", "dW uses xhat where u, the input of the product, is needed: dW = u.T @ dout.",
            lambda: c["xhat"].T @ g["dout"]),
-        at("dW", "dW uses x where y, the input of the product, is needed: dW = y.T @ dout.",
+        at("dW", "dW uses x where u, the input of the product, is needed: dW = u.T @ dout.",
            lambda: x.T @ g["dout"]),
-        at("dy", "dy uses W where the matmul rule needs its transpose: dy = dout @ W.T.",
+        at("du", "du uses W where the matmul rule needs its transpose: du = dout @ W.T.",
            lambda: (g["dout"] @ W) if d == m else None),
     ]
 
@@ -164,14 +164,14 @@ def _norm_mistakes(args: tuple, exp: dict) -> list[Mistake]:
         return g["dxhat"] * c["r"] + dsq * 2 * x
 
     return [
-        at("dw", "dw uses x where xhat is needed: y = xhat * w, so dw sums dy * xhat.",
-           lambda: (g["dy"] * x).sum(axis=0)),
-        at("dw", "dw misses the factor xhat: y = xhat * w, so dw sums dy * xhat over the rows.",
-           lambda: g["dy"].sum(axis=0)),
+        at("dw", "dw uses x where xhat is needed: u = xhat * w, so dw sums du * xhat.",
+           lambda: (g["du"] * x).sum(axis=0)),
+        at("dw", "dw misses the factor xhat: u = xhat * w, so dw sums du * xhat over the rows.",
+           lambda: g["du"].sum(axis=0)),
         at("dw", "dw sums over the columns (axis=1); w is copied over the rows, so sum over "
-           "axis=0.", lambda: (g["dy"] * c["xhat"]).sum(axis=1) if N == d else None),
-        at("dxhat", "dxhat ignores the gain: y = xhat * w, so dxhat = dy * w.",
-           lambda: g["dy"]),
+           "axis=0.", lambda: (g["du"] * c["xhat"]).sum(axis=1) if N == d else None),
+        at("dxhat", "dxhat ignores the gain: u = xhat * w, so dxhat = du * w.",
+           lambda: g["du"]),
         at("dr", "dr uses xhat where x is needed: xhat = x * r, so dr sums dxhat * x.",
            lambda: (g["dxhat"] * c["xhat"]).sum(axis=1, keepdims=True)),
         at("dr", "dr takes a mean over the columns where the broadcast rule needs a sum.",
@@ -234,9 +234,9 @@ def _floor(args: tuple) -> dict[str, float]:
     g = dict(zip(OUT_NAMES, block_backward(*args), strict=True))
     _, c = block_forward(*args)
     return {"de": 1 / (2 * N), "ddiff": 2 * amax(g["de"], c["diff"]),
-            "dout": 2 * amax(g["de"], c["diff"]), "dxhat": amax(g["dy"], w),
-            "dW": N * amax(c["y"], g["dout"]), "dy": W.shape[1] * amax(g["dout"], W),
-            "dw": N * amax(g["dy"], c["xhat"]), "dr": d * amax(g["dxhat"], x),
+            "dout": 2 * amax(g["de"], c["diff"]), "dxhat": amax(g["du"], w),
+            "dW": N * amax(c["u"], g["dout"]), "du": W.shape[1] * amax(g["dout"], W),
+            "dw": N * amax(g["du"], c["xhat"]), "dr": d * amax(g["dxhat"], x),
             "dvar": 0.5 * amax(g["dr"], c["var"] ** -1.5),
             "dms": 0.5 * amax(g["dr"], c["var"] ** -1.5),
             "dsq": 0.5 * amax(g["dr"], c["var"] ** -1.5) / d,
@@ -261,7 +261,7 @@ BLOCK = Spec(
                        f"2N = {2 * a[0].shape[0]}": float(2 * a[0].shape[0])},
     floor=_floor,
     shape_hints={
-        "dw": "w is copied over the N rows (broadcast): sum dy * xhat over them, axis=0.",
+        "dw": "w is copied over the N rows (broadcast): sum du * xhat over them, axis=0.",
         "dr": "r is a column (N, 1) copied over the d columns (broadcast): sum dxhat * x "
               "along each row with keepdims=True.",
         "dvar": "var is a column (N, 1): its gradient is one too.",
