@@ -62,7 +62,9 @@ def test_the_layer_is_the_package_layer_with_one_head() -> None:
     p = {"rms_attn": g1, "wq": wq, "wk": wk, "wv": wv, "wo": wo, "rms_ffn": g2, "w1": w1,
          "w3": w3, "w2": w2}
     t = cp.layer_steps(tokens, wte, g1, wq, wk, wv, wo, g2, w1, w3, w2, cos, sin, eps)
-    y, cache = layer_forward(wte[tokens].copy(), p, cfg, cos, sin)
+    # the attention block takes the tables repeated for the H + Hkv heads of a row (qk_rope_tables)
+    heads = cfg.n_head + cfg.n_kv_head
+    y, cache = layer_forward(wte[tokens].copy(), p, cfg, np.tile(cos, heads), np.tile(sin, heads))
     np.testing.assert_allclose(t["y"], y, rtol=1e-12, atol=1e-12)
     dh, grads = layer_backward(dy.copy(), cache)
     g = dict(zip(cp.OUT_NAMES, cp.layer_backward_steps(
