@@ -253,7 +253,7 @@ def test_grade_skips_its_own_files_inside_the_folder(tmp_path):
     assert rows == rows_again == [{"learner": "x", "notebook": "", "exercise": "",
                                    "status": "notebook error", "points": "",
                                    "max_points": "", "late": "",
-                                   "message": "not a notebook: x.txt"}]
+                                   "message": "not a notebook: x.txt", "mistake": ""}]
 
 
 def test_without_bubblewrap_the_grader_says_so_and_still_judges(tmp_path, monkeypatch, capsys):

@@ -108,7 +108,7 @@ def test_points_come_from_the_nbgrader_metadata_and_default_to_one(course):
     assert bob["linear_backward"]["status"] == "failed" and bob["linear_backward"]["points"] == "0"
     assert table(course["csv"]) == course["rows"]
     assert list(course["rows"][0]) == ["learner", "notebook", "exercise", "status", "points",
-                                       "max_points", "late", "message"]
+                                       "max_points", "late", "message", "mistake"]
 
 
 def test_totals_have_a_line_per_learner_with_a_subtotal_per_chapter(course):

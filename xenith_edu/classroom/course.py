@@ -22,7 +22,7 @@ from .report import write_report
 from .roster import COLLISION
 
 CSV_FIELDS = ("learner", "notebook", "exercise", "status", "points", "max_points", "late",
-              "message")
+              "message", "mistake")  # mistake: the check's first diagnosis, as data
 TOTAL_FIELDS = ("learner", "name", "email", "submitted", "late", "total", "maximum", "percent")
 SHEET_FIELDS = ("learner", "notebook", "question", "max_points", "prompt", "answer", "points",
                 "comment")
@@ -127,7 +127,7 @@ def policy(roster: Path | None, late: LatePolicy, timestamps: Path | None,
 
 
 def _absent_rows(lid: str, parts: list[Part]) -> list[tuple]:
-    return [(lid, "", ex, "not submitted", "nothing was handed in") for part in parts
+    return [(lid, "", ex, "not submitted", "nothing was handed in", "") for part in parts
             for ex in part.points]
 
 
@@ -136,14 +136,14 @@ def _written_rows(learner: Learner, parts: list[Part], filled: dict) -> list[tup
     for part in parts:
         for q in part.questions:
             if learner.entry is None:
-                rows.append((learner.id, "", q.id, "not submitted", "nothing was handed in"))
+                rows.append((learner.id, "", q.id, "not submitted", "nothing was handed in", ""))
                 continue
             points, comment = filled.get((learner.id, q.id), (None, ""))
             answered = q.id in learner.entry.answers.get(part.notebook, {})
             status = "graded" if points is not None else "to grade"
             note = comment or ("" if answered or points is not None else
                                "no answer found in the notebook")
-            rows.append((learner.id, part.notebook, q.id, status, note))
+            rows.append((learner.id, part.notebook, q.id, status, note, ""))
     return rows
 
 
@@ -159,18 +159,18 @@ def class_rows(people: list[Learner], base: dict[str, list[tuple]], parts: list[
         if e is None:
             found = _absent_rows(learner.id, parts)
         elif e.problem:
-            found = [(learner.id, "", "", e.status, e.problem)]
+            found = [(learner.id, "", "", e.status, e.problem, "")]
         else:
             found = [(learner.id, *r[1:]) for r in base[e.key]]
         found += _written_rows(learner, parts, pol.filled)
         mark = pol.late.judge(_when(learner, pol))[2]
-        for lid, nb, ex, status, message in found:
+        for lid, nb, ex, status, message, mistake in found:
             most = asked[ex] if ex in asked else worth.get(ex)
             got = _got(status, most, pol.filled.get((lid, ex)))
             status = str(getattr(status, "value", status))  # a Status, or a text
             out.append(dict(zip(CSV_FIELDS, (lid, nb, ex, status, "" if most is None else
                                             num(got), "" if most is None else num(most),
-                                            mark, message), strict=True)))
+                                            mark, message, mistake), strict=True)))
     return out
 
 
@@ -250,7 +250,7 @@ def finish(out_csv: Path, entries: list[Entry], base: dict[str, list[tuple]],
     people = learners([e for e in entries if e.status != COLLISION], pol.roster,
                       {e.learner for e in collided})
     rows = class_rows(people, base, parts, pol)
-    rows += [dict(zip(CSV_FIELDS, (e.learner, "", "", e.status, "", "", "", e.problem),
+    rows += [dict(zip(CSV_FIELDS, (e.learner, "", "", e.status, "", "", "", e.problem, ""),
                       strict=True)) for e in collided]
     lines = totals(people, rows, parts, pol)
     files = outputs(out_csv)

@@ -182,15 +182,16 @@ def sort_frames(frames: list, n_notebooks: int) -> list[NotebookReply]:
 
 
 def judge_exercise(ex: Exercise, inputs: list, reply: NotebookReply, k: int,
-                   options: Options) -> tuple[str, str]:
-    """(status, message) of one exercise, judged here from the outcomes that came back."""
+                   options: Options) -> tuple[str, str, str]:
+    """(status, message, mistake) of one exercise, judged here from the outcomes that came
+    back; `mistake` is the diagnosis the check names first, as data ("" when none)."""
     from ..exercises import judge
 
     _, NotCallable, _, _ = _records()
     state = (reply.ran.get("functions") or {}).get(ex.fn, "missing")
     if state == "missing":
         return "missing", (f"{ex.fn} is not defined in this notebook: the teacher's notebook "
-                           f"checks it with check_{ex.id}({ex.fn}) (deleted or renamed?)")
+                           f"checks it with check_{ex.id}({ex.fn}) (deleted or renamed?)"), ""
     spec = _specs()[ex.id]
     if state != "ok":
         outcome = NotCallable(str(state)[:40], str(state)[:100])
@@ -204,19 +205,23 @@ def judge_exercise(ex: Exercise, inputs: list, reply: NotebookReply, k: int,
             continue
         got = reply.results.get((k, j))
         if got is None:
-            return "notebook error", f"the sandbox did not return {ex.fn}'s answer to case {j + 1}"
+            return ("notebook error",
+                    f"the sandbox did not return {ex.fn}'s answer to case {j + 1}", "")
         outcome, names = outcome_of(got[0], got[1], tuple(case.args))
         delegated.update(names)
         calls.append((case, outcome))
     if delegated:
         return "delegated", (f"[delegated] {ex.id}: {ex.fn} hands the work to "
                              f"{', '.join(sorted(delegated))}, the package's own function for "
-                             "this exercise; recorded as delegated, not passed")
+                             "this exercise; recorded as delegated, not passed"), ""
     return _verdict(judge(spec, calls, ex.fn))
 
 
-def _verdict(result) -> tuple[str, str]:
-    return result.status, result.message
+def _verdict(result) -> tuple[str, str, str]:
+    """A CheckResult as (status, message, mistake): the first diagnosed mistake's first
+    sentence, read from the result's `mistakes` field, never from its message."""
+    first = " ".join(result.mistakes[0].split()) if result.mistakes else ""
+    return result.status, result.message, re.split(r"(?<=\.)\s", first, maxsplit=1)[0][:160]
 
 
 def notebook_rows(nb: str, rel: str | None, exercises: list[Exercise], kept: dict,
@@ -224,28 +229,30 @@ def notebook_rows(nb: str, rel: str | None, exercises: list[Exercise], kept: dic
                   ) -> list[tuple[str, str, str, str]]:
     """(notebook, exercise, status, message) rows of one teacher's notebook for one learner."""
     if rel is None:
-        return [("", e.id, "missing", f"no {nb} was submitted") for e in exercises]
+        return [("", e.id, "missing", f"no {nb} was submitted", "") for e in exercises]
     if reply is None or reply.ran is None:
         why = _why_not_run(reply, problem, options)
-        return [(rel, e.id, "notebook error", why) for e in exercises] or \
-            [(rel, "", "notebook error", why)]
+        return [(rel, e.id, "notebook error", why, "") for e in exercises] or \
+            [(rel, "", "notebook error", why, "")]
     stopped = str(reply.ran.get("stopped") or "")
     if stopped.startswith("unreadable: "):
         why = f"{rel} is not a valid notebook ({stopped[12:][:200]})"
-        return [(rel, e.id, "notebook error", why) for e in exercises]
+        return [(rel, e.id, "notebook error", why, "") for e in exercises]
     rows = []
     for k, ex in enumerate(exercises):
         try:
-            status, message = judge_exercise(ex, kept[(nb, ex.id)][1], reply, k, options)
+            status, message, mistake = judge_exercise(ex, kept[(nb, ex.id)][1], reply, k,
+                                                      options)
         except wire.ChannelError as exc:
-            status, message = "notebook error", f"the sandbox's reply could not be read: {exc}"
-        rows.append((rel, ex.id, status, message))
+            status, message, mistake = ("notebook error",
+                                        f"the sandbox's reply could not be read: {exc}", "")
+        rows.append((rel, ex.id, status, message, mistake))
     errors = [f"cell {n} raised {text}" for n, text in reply.ran.get("errors", [])[:3]
               if isinstance(text, str)]
     if reply.ran.get("stopped"):
         errors.append(str(reply.ran["stopped"]))
     if errors:
-        rows.append((rel, "", "notebook error", "; ".join(errors)))
+        rows.append((rel, "", "notebook error", "; ".join(errors), ""))
     return rows
 
 
@@ -277,10 +284,10 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
     walked = roster.walk(source)
     if walked.over:  # nothing of it is read, nor run
         why = f"[over the limit] not graded: {walked.over}"
-        return [("", e.id, roster.OVER_LIMIT, why) for _, ex in teacher for e in ex], {}
+        return [("", e.id, roster.OVER_LIMIT, why, "") for _, ex in teacher for e in ex], {}
     mine = learner_notebooks(source)
     if not mine:
-        return [("", "", "notebook error", "no notebook (.ipynb) in this folder")], {}
+        return [("", "", "notebook error", "no notebook (.ipynb) in this folder", "")], {}
     matched = match([name for name, _ in teacher], mine)
     plan = [(name, matched[name], ex) for name, ex in teacher if matched[name] is not None]
     problem, replies, kept, retry, found, tampered = None, [], {}, False, {}, None
@@ -307,14 +314,15 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
         reply = replies[i] if i is not None and i < len(replies) else None
         rows += notebook_rows(name, matched[name], exercises, kept, reply, problem, options)
     if tampered:  # the learner's code wrote on the channel: nothing it sent counts
-        rows = [(nb, ex, wire.PROTOCOL_ERROR, wire.tampering(tampered)) for nb, ex, _, _ in rows
-                if ex] or [("", "", wire.PROTOCOL_ERROR, wire.tampering(tampered))]
+        rows = [(nb, ex, wire.PROTOCOL_ERROR, wire.tampering(tampered), "")
+                for nb, ex, *_ in rows if ex] or \
+            [("", "", wire.PROTOCOL_ERROR, wire.tampering(tampered), "")]
     seeds = {f"{nb}/{ex}": seed for (nb, ex), (seed, _) in kept.items()}
     seeds.update({f"{name}/seconds of its cells": r.ran.get("seconds") for (name, _, _), r
                   in zip(plan, replies, strict=False) if r.ran is not None})
     if walked.unreadable:
         rows.append(("", "", roster.UNREADABLE, "not opened, not copied to the sandbox: "
-                     + "; ".join(walked.unreadable[:20])[:2000]))
+                     + "; ".join(walked.unreadable[:20])[:2000], ""))
     if retry:
         seeds["retry"] = True
     seeds["answers"] = found
@@ -428,20 +436,19 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
     _check_arguments(root, out_csv, timeout, jobs)
     k, n = _check_shard(shard, course_options)
-    limits = sandbox.Limits() if memory is None else sandbox.Limits(memory=int(memory))
     instructor = None if instructor is None else _as_path(instructor, "instructor")
-    journal_path, files = outputs(out_csv)[0], course.outputs(out_csv)
+    journal_path, files, started = outputs(out_csv)[0], course.outputs(out_csv), time.monotonic()
     entries, teacher, parts = _the_class(root, out_csv, instructor,
                                          course_options.get("feedback"))
     facts = [course.entry_of(i, e) for i, e in enumerate(entries)]
     pol = course.from_options(course_options, facts, parts, files["written"])
+    limits = sandbox.Limits() if memory is None else sandbox.Limits(memory=int(memory))
     options = Options(float(timeout), float(call_time), limits, seed, parts)
     options.material = material(roster.teacher_sources(instructor, teacher))
     sandbox.check_works()
     journal = Journal(journal_path, _key(teacher, parts), resume)
     if not sandbox.bwrap():
         print(f"xenith-edu grade: {sandbox.WARNING}", file=sys.stderr, flush=True)
-    started = time.monotonic()
     progress = sys.stderr.isatty() if progress is None else progress
     mine = shards.select(len(entries), k, n)
     graded = _run_class([entries[i] for i in mine], teacher, options, journal, jobs, progress)
@@ -453,8 +460,8 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     shards.write_facts(files["course"], _key(teacher, parts), (k, n), len(entries), parts,
                        [facts[i] for i in mine], meta)
     if shard is not None:
-        return [dict(zip(("learner", "notebook", "exercise", "status", "message"), r,
-                         strict=True)) for rows, _ in graded for r in rows]
+        fields = ("learner", "notebook", "exercise", "status", "message", "mistake")
+        return [dict(zip(fields, r, strict=True)) for rows, _ in graded for r in rows]
     return course.finish(out_csv, facts, base, parts, pol, meta)
 
 
@@ -473,7 +480,7 @@ def _graded(learner: str, source: Path, teacher: list, options: Options, slot: i
     except (OSError, ValueError, RuntimeError) as exc:
         why = roster.display(f"{type(exc).__name__}: {exc}")[:300]
         return [("", "", "notebook error", f"the grader could not grade this submission "
-                 f"({why}); --resume tries again")], {"retry": True}
+                 f"({why}); --resume tries again", "")], {"retry": True}
 
 
 def _run_class(entries: list, teacher: list, options: Options, journal: Journal, jobs: int,
@@ -489,7 +496,7 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
         learner, source, problem = entry
         key = source.name if source is not None else learner
         if source is None:
-            rows = [("", "", problem.status, problem.text)]
+            rows = [("", "", problem.status, problem.text, "")]
         else:
             stamp = fingerprint(source)
             record = journal.done(key, stamp)
@@ -501,8 +508,8 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
             finally:
                 slots.put(slot)
             prefix = f"{roster.display(source.name)}/" if source.is_dir() else ""
-            rows = [(learner, prefix + nb if nb else "", ex, st, msg)
-                    for nb, ex, st, msg in found]
+            rows = [(learner, prefix + nb if nb else "", ex, st, msg, mistake)
+                    for nb, ex, st, msg, mistake in found]
             if sandbox.ABORT.is_set():
                 raise KeyboardInterrupt  # its sandbox was ended: not a grade
             found = seeds.pop("answers", {})

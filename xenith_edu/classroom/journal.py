@@ -17,7 +17,7 @@ from pathlib import Path
 from ..tools.util import atomic_write_text
 from .roster import walk
 
-VERSION = 1
+VERSION = 2
 
 
 def group_readable(path: Path) -> None:

@@ -12,20 +12,10 @@ from pathlib import Path
 
 from ..tools.util import atomic_write_text
 
-LIKELY = re.compile(r"Likely mistake: (.+?)(?:\n|$)", re.DOTALL)
 TOP = 8  # mistakes listed
 # the statuses of a submission that was not judged, or broke the grader's protocol (tampering)
 ERRORS = ("notebook error", "protocol error", "over the limit", "unreadable file",
           "name collision")
-
-
-def _mistake(message: str) -> str | None:
-    found = LIKELY.search(message)
-    if not found:
-        return None
-    text = " ".join(found.group(1).split())
-    first = re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
-    return first[:160]
 
 
 MARKDOWN = re.compile(r"([\\`*\[\]|~#])")  # what makes emphasis, code, links, cells
@@ -65,7 +55,7 @@ def report(rows: list[dict], meta: dict) -> str:
     for r in rows:
         if r["exercise"] and r["exercise"] not in questions:
             exercises.setdefault(r["exercise"], Counter())[r["status"]] += 1
-            if r["status"] == "failed" and (m := _mistake(r["message"])):
+            if r["status"] == "failed" and (m := r.get("mistake")):
                 mistakes[(r["exercise"], m)] += 1
                 who.setdefault((r["exercise"], m), set()).add(r["learner"])
         if r["status"] in ERRORS:  # the same error of many learners is one line

@@ -322,12 +322,14 @@ def _result(spec: Spec, cases: list, judged: list[_Judged], probes: list,
         message = f"[failed] {spec.id}, case {i} of {n} ({case.label}):\n  {text}"
     else:
         failed = next(j for j in judged if j.case is case)
-        message = _failed_values(spec, i, n, failed, judged, probes)
+        message, likely = _failed_values(spec, i, n, failed, judged, probes)
+        return CheckResult(spec.id, Status.FAILED, False, message, tuple(likely))
     return CheckResult(spec.id, Status.FAILED, False, message)
 
 
 def _failed_values(spec: Spec, i: int, n: int, first: _Judged, judged: list[_Judged],
-                   probes: list) -> str:
+                   probes: list) -> tuple[str, list[str]]:
+    """The verdict's text, and the likely mistakes it names (the report reads these)."""
     lines = list(first.lines)
     right = [name for name in spec.out_names if name not in first.wrong]
     if right:
@@ -340,7 +342,8 @@ def _failed_values(spec: Spec, i: int, n: int, first: _Judged, judged: list[_Jud
         lines.append("Likely mistake: " + " ".join(likely))
     elif not not_finite:
         lines.append(CANNOT)
-    return f"[failed] {spec.id}, case {i} of {n} ({first.case.label}):\n  " + "\n  ".join(lines)
+    text = f"[failed] {spec.id}, case {i} of {n} ({first.case.label}):\n  " + "\n  ".join(lines)
+    return text, likely
 
 
 def _not_attempted(spec: Spec, fn_name: str) -> CheckResult:
