@@ -7,7 +7,7 @@ The weights are random (nothing is downloaded): the step's cost does not depend 
 Each library runs in its own process (their thread pools would fight over the cores in one),
 with the same weights, tokens and thread count; rounds alternate so that a noisy neighbour
 hurts both alike, and medians compare. Peak memory is the process's resident peak during the
-timed steps (Linux's VmHWM, reset once the weights are built), and above the weights. The
+steps, warm-up included (Linux's VmHWM, reset once the weights are built), and above them. The
 processes' CPU seconds per step are reported too: steadier than wall time on a busy machine.
 Run: python benchmarks/real_size.py [--rounds 3] [--steps 2] [--threads 2] [--json]
 """

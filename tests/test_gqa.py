@@ -129,6 +129,15 @@ def test_fewer_queries_than_keys_are_the_last_positions(rng) -> None:
         assert cache.att.shape == (2, 6, Sq, 9)
 
 
+@pytest.mark.parametrize(("Sq", "Sk"), [(1, 1), (1, 5), (3, 8), (8, 8), (9, 9), (2, 17)])
+def test_the_kept_mask_of_the_last_queries_is_the_causal_mask_s_last_rows(Sq, Sk) -> None:
+    from xenith_edu.attention import _kept_mask, causal_mask
+
+    mask = _kept_mask(Sq, Sk, np.dtype(np.float64))
+    np.testing.assert_array_equal(mask, causal_mask(Sk, np.float64)[Sk - Sq :])
+    assert not mask.flags.writeable
+
+
 @pytest.mark.parametrize("kind", ["plain", "flash"])
 def test_float32_kept_and_inputs_unchanged(rng, kind: str) -> None:
     fwd, bwd = _attention(kind)

@@ -26,10 +26,10 @@ from .tools.workspace import empty, empty_like
 class AttentionCache(NamedTuple):
     """What `causal_attention_backward` needs: each product's other factors, and the softmax."""
 
-    q: np.ndarray  # (B, H, S, hd) queries, for dk = dscores^T @ q
-    k: np.ndarray  # (B, H, S, hd) keys, for dq = dscores @ k
-    v: np.ndarray  # (B, H, S, hd) values, for datt = dout @ v^T
-    att: np.ndarray  # (B, H, S, S) the attention weights (softmax output), for dv and dscores
+    q: np.ndarray  # (B, H, Sq, hd) queries, for dk = dscores^T @ q
+    k: np.ndarray  # (B, Hkv, Sk, hd) keys, for dq = dscores @ k
+    v: np.ndarray  # (B, Hkv, Sk, hd) values, for datt = dout @ v^T
+    att: np.ndarray  # (B, H, Sq, Sk) the attention weights (softmax output), for dv and dscores
 
 
 def causal_mask(S: int, dtype: type = np.float32) -> np.ndarray:
@@ -38,20 +38,31 @@ def causal_mask(S: int, dtype: type = np.float32) -> np.ndarray:
 
 
 @lru_cache(maxsize=16)
+def _square_mask(n: int, dtype: np.dtype) -> np.ndarray:
+    """The values of `causal_mask(n, dtype)` as a read-only (n, n) view of a kept row of 2n - 1.
+
+    Entry (i, j) depends only on j - i: it is row[n - 1 + j - i] of row = [0]*n + [-inf]*(n - 1),
+    a view that starts at row[n - 1] and steps one element back per row. Why: adding a freshly
+    made (S, S) mask to the (B, H, S, S) scores was measured at six to ten times the cost of
+    adding the same values from an array kept from earlier (300 to 455 against 47 to 65 us at
+    the book's sizes, 1.4 ms of a step), and this kept view holds 2n - 1 numbers, not n * n.
+    """
+    row = np.concatenate((np.zeros(n, dtype), np.full(n - 1, -np.inf, dtype)))  # (2n - 1,)
+    step = row.itemsize
+    return as_strided(row[n - 1 :], shape=(n, n), strides=(-step, step), writeable=False)
+
+
+@lru_cache(maxsize=64)
 def _kept_mask(Sq: int, Sk: int, dtype: np.dtype) -> np.ndarray:
     """The causal mask of Sq queries, the last of Sk positions, as a read-only (Sq, Sk) view.
 
-    Query i sits at position Sk - Sq + i, so entry (i, j) is 0 when j - i <= Sk - Sq, else -inf:
-    it depends only on j - i, and is row[Sq - 1 + j - i] of row = [0]*Sk + [-inf]*(Sq - 1), a
-    view that starts at row[Sq - 1] and steps one element back per row. With Sq = Sk = S these
-    are the values of `causal_mask(S)`. Why: adding a freshly
-    made (S, S) mask to the (B, H, S, S) scores was measured at six to ten times the cost of
-    adding the same values from an array kept from earlier (300 to 455 against 47 to 65 us at
-    the book's sizes, 1.4 ms of a step), and this kept view holds 2S - 1 numbers, not S * S.
+    Query i sits at position Sk - Sq + i and sees the keys j <= Sk - Sq + i: rows Sk - Sq to
+    Sk - 1 and the first Sk columns of a kept square mask. Its size is Sk rounded up to a power
+    of two, so that decoding, one more key at every token, keeps reusing one. With Sq = Sk = S
+    these are the values of `causal_mask(S)`.
     """
-    row = np.concatenate((np.zeros(Sk, dtype), np.full(Sq - 1, -np.inf, dtype)))  # (Sq+Sk-1,)
-    step = row.itemsize
-    return as_strided(row[Sq - 1 :], shape=(Sq, Sk), strides=(-step, step), writeable=False)
+    n = 1 << (Sk - 1).bit_length()  # the power of two >= Sk
+    return _square_mask(n, dtype)[Sk - Sq : Sk, :Sk]
 
 
 def causal_attention_forward(
