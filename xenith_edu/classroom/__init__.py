@@ -17,15 +17,15 @@ from __future__ import annotations
 def __getattr__(name: str):
     # imported on first use: the sandbox's worker imports this package and needs neither
     if name == "make_student_versions":
-        from .student import make_student_versions
+        from .student import make_student_versions  # on first use (see above)
 
         return make_student_versions
     if name == "grade":
-        from .grading import grade
+        from .grading import grade  # on first use (see above)
 
         return grade
     if name == "grade_merge":
-        from .shards import merge
+        from .shards import merge  # on first use (see above)
 
         return merge
     raise AttributeError(f"module 'xenith_edu.classroom' has no attribute {name!r}")

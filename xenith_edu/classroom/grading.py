@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..chapters import chapter
+from ..exercises import SPECS, InPlace, NotCallable, Opaque, Raised, judge
 from . import course, roster, sandbox, shards, wire
 from .journal import Journal, fingerprint
 from .material import material
@@ -56,8 +58,6 @@ class Options:
 
 
 def _specs() -> dict:
-    from ..exercises import SPECS
-
     return SPECS
 
 
@@ -67,8 +67,6 @@ def _specs() -> dict:
 
 def targets(spec) -> list[str]:
     """The package's own function for an exercise, which the sandbox wraps to report calls."""
-    from ..chapters import chapter
-
     out = [f"spec:{spec.id}"]
     name = spec.reference_name
     if re.fullmatch(r"xenith_edu(\.\w+)+", name):
@@ -124,8 +122,6 @@ def build_request(learner: str, plan: list[tuple[str, str, list[Exercise]]],
 
 
 def _records():
-    from ..exercises import InPlace, NotCallable, Opaque, Raised
-
     return InPlace, NotCallable, Opaque, Raised
 
 
@@ -185,7 +181,6 @@ def judge_exercise(ex: Exercise, inputs: list, reply: NotebookReply, k: int,
                    options: Options) -> tuple[str, str, str]:
     """(status, message, mistake) of one exercise, judged here from the outcomes that came
     back; `mistake` is the diagnosis the check names first, as data ("" when none)."""
-    from ..exercises import judge
 
     _, NotCallable, _, _ = _records()
     state = (reply.ran.get("functions") or {}).get(ex.fn, "missing")

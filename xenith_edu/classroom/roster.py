@@ -35,14 +35,14 @@ class Exercise:
 
 
 def _specs() -> dict:
-    from ..exercises import SPECS
+    from ..exercises import SPECS  # only when the teacher's notebooks are read
 
     return SPECS
 
 
 def instructor_exercises(path: Path) -> list[Exercise]:
     """The exercises a teacher's notebook checks, in order: one per `check_<id>(<fn>)` call."""
-    from .student import _read_notebook
+    from .student import _read_notebook  # only when the teacher's notebooks are read
 
     specs = _specs()
     found: list[Exercise] = []
@@ -60,7 +60,7 @@ def instructor_exercises(path: Path) -> list[Exercise]:
 
 def chapter_notebooks() -> list[Path]:
     """The book's chapter notebooks, in the registry's order, where this checkout has them."""
-    from ..chapters import CHAPTERS
+    from ..chapters import CHAPTERS  # only when the teacher's notebooks are read
 
     paths = [PACKAGE_ROOT / f"{c.notebook}.ipynb" for c in CHAPTERS]
     return [p for p in paths if p.is_file()]

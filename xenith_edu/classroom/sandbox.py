@@ -139,7 +139,7 @@ def remove_tree(path: Path) -> None:
 
 def _read_only_paths() -> list[str]:
     """What Python, NumPy and the package need, and nothing above it."""
-    import numpy
+    import numpy  # only to find its files for the binds
 
     wanted = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
               os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
@@ -271,7 +271,7 @@ def worker_command() -> list[str]:
 def font_cache() -> list[tuple[str, str]]:
     """Matplotlib's font list, read-only in the sandbox, so no sandbox rebuilds it."""
     try:
-        import matplotlib
+        import matplotlib  # only to find its files for the binds
         from matplotlib import font_manager  # noqa: F401  builds the cache if missing
     except ImportError:
         return []

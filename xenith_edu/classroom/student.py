@@ -155,7 +155,7 @@ def setup_cell(url: str, branch: str = ""):  # -> nbformat.NotebookNode
 
     With no `url` and no clone, it says in one line how to get the package.
     """
-    from nbformat.v4 import new_code_cell
+    from nbformat.v4 import new_code_cell  # only when notebooks are read or written
 
     if url:
         package = f"git+{url}" + (f"@{branch}" if branch else "")
@@ -195,7 +195,7 @@ def add_setup_cell(nb, url: str, branch: str = "") -> None:
 
 def _require(*modules: str) -> None:
     """Import the notebook machinery, or say in one line how to install it."""
-    import importlib
+    import importlib  # only when notebooks are read or written
 
     for name in modules:
         try:
@@ -206,7 +206,7 @@ def _require(*modules: str) -> None:
 
 
 def _read_notebook(path: Path):
-    import nbformat
+    import nbformat  # only when notebooks are read or written
 
     try:
         nb = nbformat.read(str(path), as_version=4)
@@ -231,7 +231,7 @@ def make_student_versions(src: Path, out: Path,
     wrong; nothing is written then.
     """
     _require("nbformat")
-    import nbformat
+    import nbformat  # only when notebooks are read or written
 
     src, out = _as_path(src, "src"), _as_path(out, "out")
     if not src.exists():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import builtins
 import importlib.abc
 import importlib.machinery
+import json
 import linecache
 import os
 import re
@@ -440,8 +441,6 @@ def _call(i: int, k: int, j: int, exercise: str, fn, args: tuple) -> bytes:
 
 def _cells(path: str) -> list[tuple[int, str]]:
     """(cell number from 1, source) of each code cell, IPython magics and shell lines dropped."""
-    import json
-
     with open(path, encoding="utf-8") as f:
         nb = json.load(f)
     out = []

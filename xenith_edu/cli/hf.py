@@ -75,7 +75,9 @@ def fine_tune_config(args: argparse.Namespace, tc, out):
 def cmd_from_hf(args: argparse.Namespace) -> int:
     # the command's modules, loaded when it runs (the parser alone needs none of them)
     from ..model.hf import read_hf
-    from ..training.checkpoint import save_checkpoint
+    from ..training.checkpoint import save_checkpoint  # when the command runs: --help stays fast
+
+    # when the command runs: --help stays fast
     from ..training.runlog import CHECKPOINT, check_run_dir
 
     out = check_run_dir(args.out, None, args.overwrite)
@@ -98,7 +100,7 @@ def cmd_from_hf(args: argparse.Namespace) -> int:
 
 def cmd_to_hf(args: argparse.Namespace) -> int:
     # the command's modules, loaded when it runs (the parser alone needs none of them)
-    from ..model.hf import write_hf
+    from ..model.hf import write_hf  # when the command runs: --help stays fast
     from ..training.checkpoint import load_checkpoint
 
     out = Path(args.out)

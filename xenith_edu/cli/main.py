@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from ..training import PRESETS
+    from ..training import PRESETS  # when the command runs: --help stays fast
 
     p = sub.add_parser("train", help="train a character-level model on a text file",
                        description="Train a model. By default: the book recipe (4 layers, "
@@ -217,9 +217,9 @@ def _default_prompt(vocab: str) -> str:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from ..model.generate import sample_text
-    from ..tools.perf import keep_freed_memory
-    from ..training import train
+    from ..model.generate import sample_text  # when the command runs: --help stays fast
+    from ..tools.perf import keep_freed_memory  # when the command runs: --help stays fast
+    from ..training import train  # when the command runs: --help stays fast
 
     keep_freed_memory()  # no page faults on the step's arrays (see xenith_edu/perf.py)
     ranks = _ranks(args.overlap, args.mpi_timeout)
@@ -249,7 +249,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _ranks(overlap: bool, timeout: float):
     """The data-parallel ranks when an MPI launcher started us, else None (one process)."""
-    from ..training import parallel
+    from ..training import parallel  # when the command runs: --help stays fast
 
     if parallel.launched_by_mpi():
         return parallel.DataParallel.from_world(overlap, timeout)
@@ -263,8 +263,8 @@ def _ranks(overlap: bool, timeout: float):
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
-    from ..model.generate import sample_text
-    from ..training.checkpoint import load_checkpoint
+    from ..model.generate import sample_text  # when the command runs: --help stays fast
+    from ..training.checkpoint import load_checkpoint  # when the command runs: --help stays fast
 
     ckpt = load_checkpoint(args.checkpoint)
     prompt = _default_prompt(ckpt.vocab) if args.prompt is None else args.prompt
@@ -276,8 +276,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
 
 def _cmd_gradcheck(args: argparse.Namespace) -> int:
-    from ..model import Config, check_model
-    from ..model.params import random_params
+    from ..model import Config, check_model  # when the command runs: --help stays fast
+    from ..model.params import random_params  # when the command runs: --help stays fast
 
     if args.run is not None:  # a run's own model and weights
         cfg, params, x, y = hf.gradcheck_run(args)
@@ -369,7 +369,9 @@ def _report(command: str, e: BaseException) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line on `argv` (default sys.argv[1:]); return the exit status."""
-    from ..training import TrainingDiverged
+    from ..training import TrainingDiverged  # when the command runs: --help stays fast
+
+    # when the command runs: --help stays fast
     from ..training.parallel import Stopped, launcher_rank
 
     parser = build_parser()

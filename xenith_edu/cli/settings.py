@@ -24,7 +24,7 @@ class UsageError(ValueError):
 
 def _kinds() -> dict[str, type]:
     """Each TrainConfig field's kind: int, float, bool, str, or Path for an optional file name."""
-    from ..training import TrainConfig
+    from ..training import TrainConfig  # when the options are built
 
     kinds = {}
     for name, hint in typing.get_type_hints(TrainConfig).items():
@@ -67,7 +67,7 @@ def _argtype(name: str, kind: type):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """One option per TrainConfig field (`--n-layer`, `--lr`, ...), in groups, with its help."""
-    from ..training import PRESETS, TrainConfig
+    from ..training import PRESETS, TrainConfig  # when the options are built
 
     kinds, groups = _kinds(), {}
     for f in fields(TrainConfig):
@@ -134,8 +134,8 @@ def build(base: Any, given: dict[str, Any]) -> Any:
 
 def train_config(args: argparse.Namespace) -> tuple[Any, str | Path]:
     """The TrainConfig and the run directory of `xenith-edu train` with these arguments."""
-    from ..training import PRESETS, TrainConfig
-    from ..training.checkpoint import config_mismatch, load_checkpoint
+    from ..training import PRESETS, TrainConfig  # when the options are built
+    from ..training.checkpoint import config_mismatch, load_checkpoint  # when the options are built
 
     given = overrides(args)
     if args.resume is None:

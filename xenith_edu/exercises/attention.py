@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..attention import causal_attention_backward, causal_attention_forward
 from .engine import check
 from .fit import Term
 from .kit import OVERFLOW, amax, fmt, int_sampler, randn, softmax64
@@ -20,8 +21,6 @@ from .types import Case, CheckResult, Mistake, Spec
 
 
 def _attention_reference(dout, q, k, v) -> tuple:
-    from ..attention import causal_attention_backward, causal_attention_forward
-
     _, cache = causal_attention_forward(q, k, v)
     return causal_attention_backward(dout, cache)
 

@@ -18,7 +18,7 @@ from .types import Case, CheckResult, Mistake, Spec
 
 def package_embedding_backward(x: np.ndarray, dh: np.ndarray, vocab_size: int) -> np.ndarray:
     """The package's embedding backward in the learner's signature (x, dh, vocab_size)."""
-    from .. import embedding
+    from .. import embedding  # the package's own, as the notebook has it
 
     wte = np.zeros((vocab_size, dh.shape[-1]), dtype=dh.dtype)  # (V, d) only its shape counts
     _, cache = embedding.embedding_forward(wte, x)

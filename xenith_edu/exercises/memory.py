@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..attention import causal_attention_forward
 from .engine import check
 from .fit import Term, term
 from .kit import OVERFLOW, amax, int_sampler, randn
@@ -181,8 +182,6 @@ def rowsum_reference(dout, out) -> tuple:
 
 
 def _rowsum_cases(rng: np.random.Generator) -> list[Case]:
-    from ..attention import causal_attention_forward
-
     ints = int_sampler(rng)
 
     cases = []

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..rmsnorm import rmsnorm_backward, rmsnorm_forward
 from .engine import check
 from .fit import Term, term
 from .kit import amax, int_sampler, log_uniform, randn, rms_parts
@@ -18,8 +19,6 @@ from .types import Case, CheckResult, Mistake, Spec
 
 
 def _rmsnorm_reference(dy, x, w, eps) -> tuple:
-    from ..rmsnorm import rmsnorm_backward, rmsnorm_forward
-
     _, cache = rmsnorm_forward(x, w, eps)
     return rmsnorm_backward(dy, cache)
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..rope import rope_tables
 from .engine import check
 from .fit import Term
 from .kit import amax, int_sampler, log_uniform, randn
@@ -19,15 +20,13 @@ from .types import Case, CheckResult, Mistake, Spec
 
 def package_rope_backward(du: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """The package's RoPE backward in the learner's signature (du, cos, sin)."""
-    from .. import rope
+    from .. import rope  # the package's own, as the notebook has it
 
     _, cache = rope.rope_forward(du, cos, sin)  # the cache holds the tables, not du
     return rope.rope_backward(du, cache)
 
 
 def tables(S: int, hd: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    from ..rope import rope_tables
-
     return rope_tables(S, hd, theta)
 
 

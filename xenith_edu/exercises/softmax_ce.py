@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..softmax_ce import softmax_cross_entropy
 from .engine import check
 from .fit import Term, term
 from .kit import OVERFLOW, int_sampler, randn, softmax64
@@ -19,8 +20,6 @@ from .types import Case, CheckResult, Mistake, Spec
 
 
 def _ce_reference(logits: np.ndarray, targets: np.ndarray) -> tuple:
-    from ..softmax_ce import softmax_cross_entropy
-
     return softmax_cross_entropy(logits, targets)
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from math import erf
 
 import numpy as np
 
+from ..swiglu import sigmoid, swiglu_backward, swiglu_forward
 from .engine import check
 from .fit import Term
 from .kit import amax, int_sampler, randn, sigmoid64
@@ -19,8 +21,6 @@ from .types import Case, CheckResult, Mistake, Spec
 
 
 def _swiglu_reference(dout, x, w1, w3, w2) -> tuple:
-    from ..swiglu import swiglu_backward, swiglu_forward
-
     _, cache = swiglu_forward(x, w1, w3, w2)
     return swiglu_backward(dout, cache)
 
@@ -139,8 +139,6 @@ def check_swiglu_backward(fn: Callable) -> CheckResult:
 
 
 def _silu_grad_reference(z: np.ndarray) -> tuple:
-    from ..swiglu import sigmoid
-
     s = sigmoid(z)
     return (s * (1 + z * (1 - s)),)
 
@@ -248,8 +246,6 @@ def _gelu_cases(rng: np.random.Generator) -> list[Case]:
 
 def _gelu_mistakes(args: tuple, exp: dict) -> list[Mistake]:
     dout, x, w1, w2 = args
-    from math import erf
-
     def erf_grad(z: np.ndarray) -> np.ndarray:  # the exact GELU z * Phi(z)
         phi = 0.5 * (1 + np.vectorize(erf)(z / math.sqrt(2)))
         return phi + z * np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..training.optim import adamw_update, lr_at
 from .engine import check
 from .kit import amax, int_sampler, log_uniform, randn
 from .types import Case, CheckResult, Mistake, Spec
@@ -18,8 +19,6 @@ from .types import Case, CheckResult, Mistake, Spec
 
 
 def _adamw_reference(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay) -> tuple:
-    from ..training.optim import adamw_update
-
     return adamw_update(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay)
 
 
@@ -196,8 +195,6 @@ def check_adam_l2_update(fn: Callable) -> CheckResult:
 
 
 def _lr_reference(step, max_lr, min_lr, warmup_steps, decay_steps) -> tuple:
-    from ..training.optim import lr_at
-
     return (lr_at(step, max_lr, min_lr, warmup_steps, decay_steps),)
 
 

@@ -82,7 +82,7 @@ class DataParallel:
     """
 
     def __init__(self, comm: Any, overlap: bool = False, timeout: float = TIMEOUT) -> None:
-        from mpi4py import MPI
+        from mpi4py import MPI  # only under mpiexec
 
         self.MPI, self.comm, self.overlap, self.timeout = MPI, comm, overlap, timeout
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
@@ -97,7 +97,7 @@ class DataParallel:
     def from_world(cls, overlap: bool = False, timeout: float = TIMEOUT) -> DataParallel:
         """Every process the launcher started."""
         try:
-            from mpi4py import MPI
+            from mpi4py import MPI  # only under mpiexec
         except ImportError:
             raise ValueError("this process was started by an MPI launcher, but mpi4py is not "
                              "installed: pip install 'xenith-edu[mpi]' (or see the README on "
