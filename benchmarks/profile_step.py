@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 
 import xenith_edu as xe
-from xenith_edu import model
+from xenith_edu.model import transformer as model
 
 BOOK = dict(vocab_size=76, n_embd=128, n_head=4, n_layer=4, ffn_hidden=352, seq_len=64,
             tie_embeddings=True)
-BATCH = 12
+BATCH = int(__import__("os").environ.get("BENCH_BATCH", 12))
 CLOCK = time.perf_counter  # --cpu: time.process_time, steadier on a busy machine (one thread)
 
 # The functions that `model` calls, each the forward or the backward of one component. What is
