@@ -32,11 +32,9 @@ def rmsnorm_forward(x: np.ndarray, w: np.ndarray, eps: float) -> tuple[np.ndarra
     Returns `(y, cache)`. See the RMSNorm chapter.
     """
     d = x.shape[-1]
-    rstd = np.einsum("...i,...i->...", x, x)[..., None]  # (..., 1) sum of squares, no (..., d) copy
-    rstd /= d  # mean square, then 1 / sqrt(mean square + eps), in place
-    rstd += np.asarray(eps, dtype=x.dtype)
-    np.sqrt(rstd, out=rstd)
-    np.reciprocal(rstd, out=rstd)  # (..., 1)
+    ms = np.einsum("...i,...i->...", x, x)[..., None]  # (..., 1) sum of squares, no (..., d) copy
+    ms /= d  # mean square
+    rstd = 1.0 / np.sqrt(ms + np.asarray(eps, dtype=x.dtype))  # (..., 1)
     xhat = np.multiply(x, rstd, out=empty_like(x))  # (..., d) unit-RMS input
     y = np.multiply(xhat, w, out=empty_like(x))  # (..., d)
     return y, RMSNormCache(xhat, rstd, w)
