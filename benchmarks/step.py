@@ -43,12 +43,12 @@ def step_flops(cfg: xe.Config, B: int) -> int:
 
 
 def measure_limit(shards: ThreadShards, params: dict, cfg: xe.Config, x: np.ndarray,
-                  y: np.ndarray) -> dict:
+                  y: np.ndarray, clock=time.perf_counter) -> dict:
     """The step's matrix products, recorded in one step as the step runs them (each thread its
     shard's), timed alone: ms, GFLOP/s, and a large product's GFLOP/s for comparison."""
     products = record(lambda: shards.loss_and_grads(params, cfg, x, y))
     flops = sum(p.flops for thread in products for p in thread)
-    ms = replay_ms(products)
+    ms = replay_ms(products, clock=clock)  # the step's own clock: wall, or CPU with --cpu
     return {"limit_ms": round(ms, 2), "matmul_gflop": round(flops / 1e9, 3),
             "matmul_calls": sum(len(t) for t in products),
             "limit_gflops": round(flops / ms / 1e6, 1), "peak_gflops": round(peak_gflops(), 1)}
@@ -126,7 +126,7 @@ def main() -> None:
             bwd.append(t2 - t1)
             upd.append(t3 - t2)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux: KiB)
-    limit = measure_limit(shards, params, cfg, x, y) if args.limit else {}
+    limit = measure_limit(shards, params, cfg, x, y, clock) if args.limit else {}
     shards.close()
     ms = lambda a: round(1e3 * float(np.median(a)), 2)  # noqa: E731
     step = ms(np.add(fwd, bwd))
