@@ -2,7 +2,8 @@
 The fast form the model runs; the readable form is the SwiGLU chapter's ("A readable
 implementation"), which derives the backward through the gate, the up and the down projections.
 
-Fast how: one product for both projections, buffers from the workspace, element-wise passes in
+Fast how: one product for both projections (with w1 halved, so that the gate is
+(h1 / 2)(1 + tanh(h1 / 2)) in three passes), buffers from the workspace, element-wise passes in
 place; the same values as the readable form to float32 rounding. No input checks: the model
 checks at its boundary. Measured figures are in benchmarks/README.md.
 """
