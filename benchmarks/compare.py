@@ -1,12 +1,16 @@
-"""Compare the NumPy step with PyTorch's, side by side, in alternating separate processes.
+"""Compare the NumPy step with PyTorch's and with the machine's own limit, in alternating processes.
 
 Each library runs in its own process (in one process their thread pools fight over the
 cores), the runs alternate so that a noisy neighbour hurts both alike, and medians compare.
-NumPy runs twice per round: plain (a fresh interpreter, nothing tuned, as a learner's notebook
-calls `loss_and_grads`) and with the trainer's settings (`step.py --trainer`: its process
-setting `keep_freed_memory`, and its threads sharing the batch, one BLAS thread each).
-Every run times forward + backward and the update (clipping and AdamW) separately, so one run
-gives both the forward + backward ratios and the whole-step ratio.
+NumPy runs twice per round and per BLAS kernel: plain (a fresh interpreter, nothing tuned, as a
+learner's notebook calls `loss_and_grads`) and with the trainer's settings (`step.py --trainer`:
+its process setting `keep_freed_memory`, and its threads sharing the batch, one BLAS thread each).
+Each NumPy run also times the step's own matrix products alone, the same shapes in the same
+threads (`step.py --limit`): the machine's limit for that step, and the BLAS kernel that ran it.
+
+Kernels: the one the environment sets (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE, if set), and
+OpenBLAS's own choice (both variables removed, in the child processes only), which is what a
+learner's machine runs; `--force VAR=VALUE` adds a kernel forced in the children the same way.
 Run: python benchmarks/compare.py --torch-python /path/to/venv-with-torch/bin/python [--compile]
 """
 
@@ -20,7 +24,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from matmul_limit import KERNEL_VARS
+
 HERE = Path(__file__).resolve().parent
+FIELDS = ("forward_ms", "backward_ms", "step_ms", "update_ms", "whole_ms", "limit_ms",
+          "limit_gflops", "peak_gflops", "peak_rss_mib", "rss_growth_mib")
+# issue 29's targets, on OpenBLAS's own kernel: (numerator, denominator, field, at most)
+TARGETS = (("numpy-trainer", "limit", "step_ms", 2.0), ("numpy-trainer", "torch-compile",
+           "step_ms", 0.55), ("numpy", "torch-eager", "step_ms", 0.55))
 
 
 def run(cmd: list[str], env: dict | None) -> dict:
@@ -35,12 +46,29 @@ def load() -> str:
         return "unknown"
 
 
-def main() -> None:
+def kernels(forced: list[str], threads: int | None) -> dict[str, dict]:
+    """The child environments, by label: the environment's kernel, OpenBLAS's own, forced."""
+    base = {**os.environ, **({"OPENBLAS_NUM_THREADS": str(threads)} if threads else {})}
+    own = {k: v for k, v in base.items() if k not in KERNEL_VARS}
+    envs = {}
+    if any(k in os.environ for k in KERNEL_VARS):
+        envs["environment"] = base
+    envs["own"] = own  # what a learner's machine runs: no variable forces a kernel
+    if forced:
+        envs["forced"] = {**own, **dict(f.split("=", 1) for f in forced)}
+    return envs
+
+
+def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--torch-python", required=True, help="a Python with torch installed")
+    parser.add_argument("--torch-python", default=sys.executable,
+                        help="a Python with torch installed (default: this one)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--repeats", type=int, default=30, help="timed steps per run")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")
+    parser.add_argument("--force", action="append", default=[], metavar="VAR=VALUE",
+                        help="also run NumPy with this variable set in its children, e.g. "
+                             "--force OPENBLAS_CORETYPE=Haswell --force OPENBLAS_L2_SIZE=512")
     parser.add_argument("--cpu", action="store_true",
                         help="compare CPU seconds, not wall seconds (with --threads 1 on a busy "
                              "machine)")
@@ -48,66 +76,97 @@ def main() -> None:
                         help="threads for both libraries (NumPy: OPENBLAS_NUM_THREADS in the "
                              "child's environment, and the trainer's --threads); default: each "
                              "library's own default, PyTorch 2, the trainer's setting")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], dict | None]]:
+    """Every run of a round, by name: NumPy's per kernel, then PyTorch's."""
     common = ["--json", "--whole", "--repeats", str(args.repeats)] + (["--cpu"] if args.cpu else [])
-    np_env = None
-    torch_threads = ["--threads", str(args.threads or 2)]
-    if args.threads:
-        np_env = {**os.environ, "OPENBLAS_NUM_THREADS": str(args.threads)}
-    commands = {
-        "numpy": ([sys.executable, str(HERE / "step.py"), *common], np_env),
-        "numpy-trainer": ([sys.executable, str(HERE / "step.py"), *common, "--trainer",
-                           *(["--threads", str(args.threads)] if args.threads else [])], np_env),
-        "torch-eager": ([args.torch_python, str(HERE / "torch_step.py"), *common,
-                         *torch_threads], None),
-    }
+    step = [sys.executable, str(HERE / "step.py"), *common, "--limit"]
+    threads = ["--threads", str(args.threads)] if args.threads else []
+    out = {}
+    for label, env in kernels(args.force, args.threads).items():
+        out[f"numpy/{label}"] = (step, env)
+        out[f"numpy-trainer/{label}"] = ([*step, "--trainer", *threads], env)
+    torch = [args.torch_python, str(HERE / "torch_step.py"), *common,
+             "--threads", str(args.threads or 2)]
+    out["torch-eager"] = (torch, None)
     if args.compile:
-        commands["torch-compile"] = ([args.torch_python, str(HERE / "torch_step.py"), *common,
-                                      *torch_threads, "--compile"], None)
-    print(f"load average before: {load()}", flush=True)
-    results: dict[str, list[dict]] = {k: [] for k in commands}
-    for r in range(args.rounds):
-        for name, (cmd, env) in commands.items():
-            results[name].append(run(cmd, env))
-            res = results[name][-1]
-            print(f"round {r + 1} {name:14s} fwd+bwd {res['step_ms']:7.2f} ms  "
-                  f"whole {res['whole_ms']:7.2f} ms", flush=True)
-    print(f"load average after: {load()}\n")
+        out["torch-compile"] = ([*torch, "--compile"], None)
+    return out
 
-    fields = ("forward_ms", "backward_ms", "step_ms", "update_ms", "whole_ms", "peak_rss_mib",
-              "rss_growth_mib")
-    med = {k: {f: statistics.median(x[f] for x in v) if v[0][f] is not None else None
-               for f in fields} for k, v in results.items()}
-    cell = lambda value: f"{value:8.2f}" if value is not None else f"{'-':>8s}"  # noqa: E731
-    unit = "CPU ms" if args.cpu else "ms"
-    print(f"medians of {args.rounds} rounds ({unit}; memory in MiB)")
-    print(f"{'':14s} {'forward':>8s} {'backward':>8s} {'fwd+bwd':>8s} {'update':>7s} "
-          f"{'whole':>8s} {'peak RSS':>9s} {'RSS growth':>10s}")
+
+def ratio(results: dict, med: dict, a: str, b: str, field: str) -> str:
+    """median(a) / median(b), and the per-round ratios' median and range; b == "limit" divides
+    by a's own limit, measured in the same process."""
+    bf, b = ("limit_ms", a) if b == "limit" else (field, b)
+    per_round = [x[field] / y[bf] for x, y in zip(results[a], results[b], strict=True)]
+    mid = statistics.median(per_round)
+    return (f"{med[a][field] / med[b][bf]:.2f} (per-round: median {mid:.2f}"
+            f", range {min(per_round):.2f}-{max(per_round):.2f})")
+
+
+def report(args: argparse.Namespace, results: dict[str, list[dict]]) -> None:
+    med = {k: {f: statistics.median(x[f] for x in v) if v[0].get(f) is not None else None
+               for f in FIELDS} for k, v in results.items()}
+    cell = lambda value, w=8: f"{value:{w}.2f}" if value is not None else f"{'-':>{w}s}"  # noqa: E731
+    print(f"medians of {args.rounds} rounds ({'CPU ms' if args.cpu else 'ms'}; memory in MiB)")
+    print(f"{'':22s} {'forward':>8s} {'backward':>8s} {'fwd+bwd':>8s} {'update':>7s} {'whole':>8s} "
+          f"{'limit':>7s} {'GFLOP/s':>8s} {'peak':>6s} {'RSS growth':>10s}")
     for k, m in med.items():
-        print(f"{k:14s} {cell(m['forward_ms'])} {cell(m['backward_ms'])} {m['step_ms']:8.2f} "
-              f"{m['update_ms']:7.2f} {m['whole_ms']:8.2f} {m['peak_rss_mib']:9.1f} "
-              f"{m['rss_growth_mib']:10.1f}")
-    traced = statistics.median(x["traced_peak_mib"] for x in results["numpy"])
+        print(f"{k:22s} {cell(m['forward_ms'])} {cell(m['backward_ms'])} {cell(m['step_ms'])} "
+              f"{cell(m['update_ms'], 7)} {cell(m['whole_ms'])} {cell(m['limit_ms'], 7)} "
+              f"{cell(m['limit_gflops'])} {cell(m['peak_gflops'], 6)} {m['rss_growth_mib']:10.1f}")
+    print("(limit: the step's matrix products alone, same shapes and threads, and their GFLOP/s; "
+          "peak: one (1024, 1024) float32 product, GFLOP/s)")
+    traced = statistics.median(x["traced_peak_mib"] for x in results["numpy/own"])
     print(f"NumPy's traced peak of one step (tracemalloc, first step): {traced:.1f} MiB")
+    for label in kernels(args.force, args.threads):
+        report_kernel(args, results, med, label)
+    if "torch-compile" in results:
+        print(f"\ntorch compile / eager, fwd + bwd: "
+              f"{ratio(results, med, 'torch-compile', 'torch-eager', 'step_ms')}")
 
-    def ratio(a: str, b: str, field: str) -> str:
-        per_round = [x[field] / y[field] for x, y in zip(results[a], results[b], strict=True)]
-        return (f"{med[a][field] / med[b][field]:.2f} (per-round ratios: median "
-                f"{statistics.median(per_round):.2f}, range {min(per_round):.2f}-"
-                f"{max(per_round):.2f})")
 
-    print("\nratios NumPy / PyTorch (below 1 means NumPy is faster)")
-    print(f"plain NumPy,   forward + backward / eager: {ratio('numpy', 'torch-eager', 'step_ms')}")
-    print(f"trainer NumPy, forward + backward / eager: "
-          f"{ratio('numpy-trainer', 'torch-eager', 'step_ms')}")
-    print(f"trainer NumPy, whole step / eager:         "
-          f"{ratio('numpy-trainer', 'torch-eager', 'whole_ms')}")
+def report_kernel(args: argparse.Namespace, results: dict, med: dict, label: str) -> None:
+    plain, trainer = f"numpy/{label}", f"numpy-trainer/{label}"
+    b = results[plain][0]["blas"]
+    forced = ", ".join(f"{k}={b[k]}" for k in KERNEL_VARS if b.get(k)) or "neither variable set"
+    seen = " (what a learner's machine runs)" if label == "own" else ""
+    print(f"\n== kernel {b['kernel']} ({b['internal_api']} {b['version']}; {forced}){seen}")
+    lines = [("plain NumPy / its limit, fwd + bwd", plain, "limit", "step_ms"),
+             ("trainer NumPy / its limit, fwd + bwd", trainer, "limit", "step_ms"),
+             ("plain NumPy / eager, fwd + bwd", plain, "torch-eager", "step_ms"),
+             ("trainer NumPy / eager, fwd + bwd", trainer, "torch-eager", "step_ms"),
+             ("trainer NumPy / eager, whole step", trainer, "torch-eager", "whole_ms")]
     if args.compile:
-        print(f"trainer NumPy, forward + backward / compile: "
-              f"{ratio('numpy-trainer', 'torch-compile', 'step_ms')}")
-        print(f"torch compile / eager, forward + backward: "
-              f"{ratio('torch-compile', 'torch-eager', 'step_ms')}")
+        lines.append(("trainer NumPy / compile, fwd + bwd", trainer, "torch-compile", "step_ms"))
+    for text, a, den, field in lines:
+        print(f"{text:38s} {ratio(results, med, a, den, field)}")
+    if label != "own":
+        return
+    for a, den, field, most in TARGETS:
+        if den in results or den == "limit":
+            key = f"{a}/{label}"
+            value = med[key][field] / (med[key]["limit_ms"] if den == "limit" else med[den][field])
+            print(f"target: {a} / {den}, fwd + bwd, at most {most}: {value:.2f} "
+                  f"{'met' if value <= most else 'not met'}")
+
+
+def main() -> None:
+    args = parse()
+    runs = commands(args)
+    print(f"load average before: {load()}", flush=True)
+    results: dict[str, list[dict]] = {k: [] for k in runs}
+    for r in range(args.rounds):
+        for name, (cmd, env) in runs.items():
+            res = run(cmd, env)
+            results[name].append(res)
+            extra = f"  limit {res['limit_ms']:6.2f} ms" if "limit_ms" in res else ""
+            print(f"round {r + 1} {name:22s} fwd+bwd {res['step_ms']:7.2f} ms  "
+                  f"whole {res['whole_ms']:7.2f} ms{extra}", flush=True)
+    print(f"load average after: {load()}\n")
+    report(args, results)
 
 
 if __name__ == "__main__":

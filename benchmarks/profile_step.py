@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 
 import xenith_edu as xe
-from xenith_edu import model
+from xenith_edu.model import transformer as model
 
 BOOK = dict(vocab_size=76, n_embd=128, n_head=4, n_layer=4, ffn_hidden=352, seq_len=64,
             tie_embeddings=True)
-BATCH = 12
+BATCH = 12  # --batch 6: one of the trainer's two shards
 CLOCK = time.perf_counter  # --cpu: time.process_time, steadier on a busy machine (one thread)
 
 # The functions that `model` calls, each the forward or the backward of one component. What is
@@ -78,12 +78,12 @@ class SelfTimer:
         return timed
 
 
-def profile(steps: int, warmup: int = 3) -> dict:
+def profile(steps: int, warmup: int = 3, batch: int = BATCH) -> dict:
     cfg = xe.Config(**BOOK)
     params = xe.init_params(cfg, seed=0, dtype=np.float32)
     rng = np.random.default_rng(0)
-    x = rng.integers(0, cfg.vocab_size, (BATCH, cfg.seq_len))
-    y = rng.integers(0, cfg.vocab_size, (BATCH, cfg.seq_len))
+    x = rng.integers(0, cfg.vocab_size, (batch, cfg.seq_len))
+    y = rng.integers(0, cfg.vocab_size, (batch, cfg.seq_len))
 
     timer = SelfTimer()
     saved = {}
@@ -122,13 +122,14 @@ def profile(steps: int, warmup: int = 3) -> dict:
         rows.append({"component": key[0], "pass": key[1], "ms": 1e3 * t,
                      "matmul_ms": 1e3 * m, "elementwise_ms": 1e3 * (t - m)})
     clock = "CPU time" if CLOCK is time.process_time else "wall time"
-    return {"step_ms": 1e3 * float(np.mean(totals)), "rows": rows, "clock": clock}
+    return {"step_ms": 1e3 * float(np.mean(totals)), "rows": rows, "clock": clock,
+            "batch": batch}
 
 
 def print_table(result: dict) -> None:
     step = result["step_ms"]
-    print(f"one step (forward + backward), book config, batch {BATCH}: {step:.1f} ms per step "
-          f"({result['clock']}, mean, with the timers' overhead)")
+    print(f"one step (forward + backward), book config, batch {result['batch']}: {step:.1f} ms per "
+          f"step ({result['clock']}, mean, with the timers' overhead)")
     print(f"{'component':<24}{'pass':<10}{'ms':>7}{'share':>7}{'matmul':>8}{'other':>8}")
     for r in result["rows"]:
         print(f"{r['component']:<24}{r['pass']:<10}{r['ms']:7.2f}{100 * r['ms'] / step:6.0f}%"
@@ -164,6 +165,7 @@ def draw(result: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="profiled steps (default 20)")
+    parser.add_argument("--batch", type=int, default=BATCH, help=f"windows (default {BATCH})")
     parser.add_argument("--figure", type=Path, help="also draw the table as a bar chart")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--cpu", action="store_true",
@@ -177,7 +179,7 @@ def main() -> None:
     if args.keep_freed_memory:
         from xenith_edu.tools.perf import keep_freed_memory
         keep_freed_memory()
-    result = profile(args.steps)
+    result = profile(args.steps, batch=args.batch)
     if args.json:
         print(json.dumps(result))
     else:

@@ -1,11 +1,14 @@
 """Time one training step (forward and backward) of the book config in NumPy.
 
 Prints ms per step (forward, backward, and with --whole the update), tokens/s, achieved GFLOP/s,
-as medians, and the memory of a step. By default nothing is tuned: a plain `loss_and_grads`
-in a fresh interpreter, as a learner's notebook runs it. --trainer runs the step as the trainer
-does: its process setting (`keep_freed_memory`) and its threads (`TrainConfig.threads` threads
-share the batch, one BLAS thread each; forward and backward are then timed together).
-Run: python benchmarks/step.py [--repeats 30] [--whole] [--trainer] [--cpu] [--json]
+as medians, the memory of a step, and the BLAS kernel in use. --limit also times the step's own
+matrix products alone (the same shapes, the same threads: `matmul_limit.py`), the machine's
+limit for this step, and gives the step as a multiple of it. By default nothing is tuned: a
+plain `loss_and_grads` in a fresh interpreter, as a learner's notebook runs it. --trainer runs
+the step as the trainer does: its process setting (`keep_freed_memory`) and its threads
+(`TrainConfig.threads` threads share the batch, one BLAS thread each; forward and backward are
+then timed together).
+Run: python benchmarks/step.py [--repeats 30] [--whole] [--trainer] [--limit] [--cpu] [--json]
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 import tracemalloc
 
 import numpy as np
+from matmul_limit import KERNEL_VARS, blas, peak_gflops, record, replay_ms
 
 import xenith_edu as xe
 from xenith_edu.tools.perf import keep_freed_memory
@@ -36,6 +40,18 @@ def step_flops(cfg: xe.Config, B: int) -> int:
     per_layer = 2 * N * d * (3 * d + d + 3 * f) + 2 * 2 * B * S * S * d  # projections, attention
     forward = L * per_layer + 2 * N * d * V
     return 3 * forward
+
+
+def measure_limit(shards: ThreadShards, params: dict, cfg: xe.Config, x: np.ndarray,
+                  y: np.ndarray, clock=time.perf_counter) -> dict:
+    """The step's matrix products, recorded in one step as the step runs them (each thread its
+    shard's), timed alone: ms, GFLOP/s, and a large product's GFLOP/s for comparison."""
+    products = record(lambda: shards.loss_and_grads(params, cfg, x, y))
+    flops = sum(p.flops for thread in products for p in thread)
+    ms = replay_ms(products, clock=clock)  # the step's own clock: wall, or CPU with --cpu
+    return {"limit_ms": round(ms, 2), "matmul_gflop": round(flops / 1e9, 3),
+            "matmul_calls": sum(len(t) for t in products),
+            "limit_gflops": round(flops / ms / 1e6, 1), "peak_gflops": round(peak_gflops(), 1)}
 
 
 def rss_mib() -> float:
@@ -64,6 +80,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     parser.add_argument("--cpu", action="store_true",
                         help="time CPU seconds, not wall seconds (steadier on a busy machine)")
+    parser.add_argument("--limit", action="store_true",
+                        help="also time the step's matrix products alone (same shapes, same "
+                             "threads) and a large product: the machine's limit")
     args = parser.parse_args()
     clock = time.process_time if args.cpu else time.perf_counter
 
@@ -107,6 +126,7 @@ def main() -> None:
             bwd.append(t2 - t1)
             upd.append(t3 - t2)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux: KiB)
+    limit = measure_limit(shards, params, cfg, x, y, clock) if args.limit else {}
     shards.close()
     ms = lambda a: round(1e3 * float(np.median(a)), 2)  # noqa: E731
     step = ms(np.add(fwd, bwd))
@@ -119,7 +139,10 @@ def main() -> None:
         "gflops": round(step_flops(cfg, BATCH) / step / 1e6, 1), "malloc_tuned": tuned,
         "traced_peak_mib": round(traced_peak, 1),
         "peak_rss_mib": round(peak_rss, 1), "rss_growth_mib": round(peak_rss - rss0, 1),
+        "blas": blas(), **limit,
     }
+    if limit:
+        result["step_over_limit"] = round(step / limit["limit_ms"], 3)
     if args.json:
         print(json.dumps(result))
         return
@@ -133,6 +156,14 @@ def main() -> None:
     if args.whole:
         print(f"update   {result['update_ms']:7.2f} ms (clipping and AdamW); "
               f"whole step {result['whole_ms']:7.2f} ms")
+    b = result["blas"]
+    print(f"BLAS: {b['internal_api']} {b['version']}, kernel {b['kernel']}, "
+          f"{b['num_threads']} threads (" + ", ".join(f"{k}={b[k]}" for k in KERNEL_VARS) + ")")
+    if limit:
+        print(f"limit: the step's {limit['matmul_calls']} products alone "
+              f"({limit['matmul_gflop']:.2f} GFLOP) {limit['limit_ms']:.2f} ms, "
+              f"{limit['limit_gflops']:.0f} GFLOP/s; step / limit {result['step_over_limit']:.2f}; "
+              f"a (1024, 1024) product {limit['peak_gflops']:.0f} GFLOP/s")
     print(f"memory: traced peak of a first step {traced_peak:.1f} MiB; peak RSS "
           f"{result['peak_rss_mib']:.1f} MiB ({result['rss_growth_mib']:.1f} MiB above the "
           "RSS before the first step)")

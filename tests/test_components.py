@@ -110,6 +110,35 @@ def test_swiglu_matches_definition(rng):
     np.testing.assert_allclose(swiglu_forward(x, w1, w3, w2)[0], expected, rtol=1e-12)
 
 
+def _swiglu_readable(x, w1, w3, w2, dout):
+    """The SwiGLU chapter's readable form, forward and backward, in the inputs' dtype."""
+    h1, h3 = x @ w1, x @ w3
+    sig = 1 / (1 + np.exp(-h1))
+    a = h1 * sig * h3
+    da = dout @ w2.T
+    dh3 = da * h1 * sig
+    dh1 = da * h3 * sig * (1 + h1 * (1 - sig))
+    return a @ w2, dh1 @ w1.T + dh3 @ w3.T, x.T @ dh1, x.T @ dh3, a.T @ dout
+
+
+@pytest.mark.parametrize("scale", [1.0, 6.0])  # 6: h1 reaches +-60, far into both tails
+def test_swiglu_float32_is_the_readable_form_to_float32_rounding(rng, scale):
+    """The fast form in float32 against the chapter's readable form in float64 on the same
+    float32 numbers: every output within a few float32 roundings of its largest entry."""
+    N, d, f = 64, 16, 40
+    x = (scale * rng.standard_normal((N, d))).astype(np.float32)
+    w1, w3, w2 = (rng.standard_normal(s).astype(np.float32) / np.sqrt(s[0])
+                  for s in [(d, f), (d, f), (f, d)])
+    dout = rng.standard_normal((N, d)).astype(np.float32)
+    out, cache = swiglu_forward(x, w1, w3, w2)
+    fast = (out, *swiglu_backward(dout, cache))
+    exact = _swiglu_readable(*(a.astype(np.float64) for a in (x, w1, w3, w2, dout)))
+    for name, got, want in zip(("out", "dx", "dw1", "dw3", "dw2"), fast, exact, strict=True):
+        assert got.dtype == np.float32
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err < 2e-6, f"{name}: {err:.1e} of its largest entry"
+
+
 # -- RMSNorm -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("eps", [1e-5, 1e-1])
@@ -343,7 +372,7 @@ def test_component_caches_are_named_tuples(rng):
     caches = {
         "rmsnorm": (rmsnorm_forward(x, w, 1e-5)[1], ("xhat", "rstd", "w")),
         "swiglu": (swiglu_forward(x, w1, w3, w2)[1],
-                   ("x", "x_shape", "w13", "w2", "h3", "sig", "gate", "ha")),
+                   ("x", "x_shape", "w13", "w2", "h3", "sig2", "gate", "ha")),
         "attention": (causal_attention_forward(q, q, q)[1], ("q", "k", "v", "att")),
         "rope": (rope_forward(q, cos, sin)[1], ("cos", "sin")),
         "embedding": (embedding_forward(x, np.array([[0, 2]]))[1], ("x", "vocab_size")),

@@ -1,0 +1,69 @@
+"""The benchmarks' limit: the step's matrix products, recorded as the step runs them, are the ones
+its FLOP count says, in the layouts the step used; the kernel children drop exactly the two
+variables that force OpenBLAS's kernel. No timings are checked (the machine is shared)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import xenith_edu as xe
+from xenith_edu.training.threads import ThreadShards
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import compare  # noqa: E402
+import matmul_limit  # noqa: E402
+import step  # noqa: E402
+
+CFG = xe.Config(vocab_size=11, n_embd=16, n_head=2, n_layer=2, ffn_hidden=24, seq_len=8,
+                tie_embeddings=True)
+
+
+def _batch(B: int = 4):
+    rng = np.random.default_rng(0)
+    params = xe.init_params(CFG, seed=0, dtype=np.float32)
+    x = rng.integers(0, CFG.vocab_size, (B, CFG.seq_len))
+    y = rng.integers(0, CFG.vocab_size, (B, CFG.seq_len))
+    return params, x, y
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_recorded_products_are_the_steps_flops(threads):
+    params, x, y = _batch()
+    with ThreadShards(threads) as shards:
+        products = matmul_limit.record(lambda: shards.loss_and_grads(params, CFG, x, y))
+    assert len(products) == threads  # one list per thread that computed a shard
+    flops = sum(p.flops for thread in products for p in thread)
+    assert flops == step.step_flops(CFG, len(x))
+    assert np.matmul is not None and np.matmul.__name__ == "matmul"  # the watch is removed
+
+
+def test_replay_uses_the_recorded_layouts():
+    a = np.ones((3, 5), np.float32)
+    b = np.ones((4, 5), np.float32).T  # a transposed view, as linear_backward passes w.T
+    products = matmul_limit.record(lambda: np.matmul(a, b, out=np.empty((3, 4), np.float32)))
+    (p,) = products[0]
+    assert p.a == matmul_limit.Operand((3, 5), a.strides, a.dtype)
+    assert p.b.strides == b.strides and p.flops == 2 * 3 * 5 * 4
+    made = matmul_limit._array(p.b, np.random.default_rng(0))
+    assert made.shape == (5, 4) and made.strides == b.strides
+    assert matmul_limit.replay_ms(products, repeats=2, warmup=0) > 0
+    assert matmul_limit.replay_ms([products[0], products[0]], repeats=2, warmup=0) > 0
+
+
+def test_kernel_children_drop_only_the_kernel_variables(monkeypatch):
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    monkeypatch.setenv("OPENBLAS_L2_SIZE", "512")
+    envs = compare.kernels(["OPENBLAS_CORETYPE=SkylakeX"], threads=1)
+    assert list(envs) == ["environment", "own", "forced"]
+    assert envs["environment"]["OPENBLAS_CORETYPE"] == "Haswell"
+    assert not {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"} & set(envs["own"])
+    assert envs["forced"]["OPENBLAS_CORETYPE"] == "SkylakeX"
+    assert all(e["OPENBLAS_NUM_THREADS"] == "1" for e in envs.values())
+    assert envs["own"]["PATH"] == envs["environment"]["PATH"]  # everything else is kept
+    monkeypatch.delenv("OPENBLAS_CORETYPE")
+    monkeypatch.delenv("OPENBLAS_L2_SIZE")
+    assert list(compare.kernels([], None)) == ["own"]  # nothing forced: one kernel
