@@ -88,13 +88,3 @@ def number(slug: str) -> int:
     if not c.numbered:
         return 0
     return 1 + [x.slug for x in CHAPTERS if x.numbered].index(slug)
-
-
-def label(slug: str) -> str:
-    """How prose names a chapter: "the RMSNorm chapter" (a title, never a number)."""
-    return f'the "{chapter(slug).title}" chapter'
-
-
-def numbered_title(slug: str) -> str:
-    """"3. RMSNorm": the number and title, as the notebook's first heading shows them."""
-    return f"{number(slug)}. {chapter(slug).title}"

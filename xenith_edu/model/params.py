@@ -42,7 +42,6 @@ PARAMS: tuple[Param, ...] = (
     Param("lm_head", lambda c: (c.vocab_size, c.n_embd), "matrix", True, False, untied_only=True),
 )
 PARAM = {p.name: p for p in PARAMS}
-GAINS = tuple(p.name for p in PARAMS if p.kind == "gain")
 LAYER_PARAMS = tuple(p.name for p in PARAMS if p.per_layer)  # the (L, ...) stacks
 
 
