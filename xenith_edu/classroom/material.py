@@ -65,8 +65,8 @@ def _cut(module: str, names: set[str], found: dict[str, list[str]]) -> None:
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.ClassDef):
             defs[node.name] = node
-        elif isinstance(node, ast.Assign):
-            for t in node.targets:
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 if isinstance(t, ast.Name):
                     defs[t.id] = node
         elif isinstance(node, ast.Import | ast.ImportFrom) and \
@@ -83,12 +83,13 @@ def _cut(module: str, names: set[str], found: dict[str, list[str]]) -> None:
             todo += sorted(_used(defs[name]) - keep)
         elif name in imports:
             lines.append(_import_line(*imports[name], module, found))
-    source = path.read_text(encoding="utf-8")
+    source = path.read_text(encoding="utf-8").split("\n")
     seen: set[int] = set()
     for node in tree.body:
         if id(node) not in seen and any(defs.get(n) is node for n in keep):
-            seen.add(id(node))
-            lines.append(ast.get_source_segment(source, node) or "")
+            seen.add(id(node))  # whole lines, from the first decorator (@dataclass) on
+            first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+            lines.append("\n".join(source[first - 1:node.end_lineno]))
 
 
 def _import_line(node: ast.stmt, alias: ast.alias, module: str, found: dict) -> str:
