@@ -15,14 +15,14 @@ real = parallel.loss_and_grads
 calls = [0]
 
 
-def misbehaving(params, cfg, x, y):
+def misbehaving(params, cfg, x, y, **kw):
     calls[0] += 1
     if parallel.launcher_rank() == bad_rank and calls[0] == 3:
         if mode == "raise":
             raise MemoryError("cannot allocate the gradients (a test)")
         if mode == "hang":
             time.sleep(600)
-    return real(params, cfg, x, y)
+    return real(params, cfg, x, y, **kw)
 
 
 parallel.loss_and_grads = misbehaving

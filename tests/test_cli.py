@@ -6,7 +6,7 @@ Bad input (issue item 7): one line on stderr, a non-zero exit, no traceback, no 
 import subprocess
 import sys
 import types
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +18,11 @@ from xenith_edu.cli.settings import UsageError, train_config
 from xenith_edu.model.params import PARAMS
 from xenith_edu.training import SMALL, TrainConfig
 from xenith_edu.training.checkpoint import load_checkpoint
+from xenith_edu.training.config import model_fields
 
+# every setting of a run, the model's and the trainer's: one option each
+SETTINGS = [f.name for f in model_fields()] + [f.name for f in fields(TrainConfig)
+                                               if f.name != "model"]
 QUICK = ["--preset", "small", "--no-progress", "--sample-chars", "0"]
 
 
@@ -215,7 +219,7 @@ def test_gradcheck_table_catches_a_wrong_gradient(capsys, monkeypatch):
     (None, ["train", "sample", "gradcheck", "student", "grade"]),
     ("train", ["--preset", "--set", "--out", "--resume", "--overwrite", "--sample-chars",
                "--no-progress", "--overlap"]
-     + [f"--{f.name.replace('_', '-')}" for f in fields(TrainConfig)]),
+     + [f"--{name.replace('_', '-')}" for name in SETTINGS]),
     ("sample", ["CKPT", "--prompt", "--chars", "--temperature", "--top-k", "--seed"]),
     ("gradcheck", ["--coords", "--seed", "--untied"]),
     ("student", ["SRC", "--out"]),
@@ -296,7 +300,7 @@ OTHER = {"n_layer": 3, "n_head": 2, "n_embd": 48, "ffn_hidden": 96, "seq_len": 1
          "batch_size": 8, "lr": 2e-3, "min_lr": 1e-4, "beta1": 0.8, "beta2": 0.95, "eps": 1e-6,
          "weight_decay": 0.0, "warmup_steps": 5, "decay_steps": 50, "grad_clip": 0.5, "steps": 7,
          "eval_every": 3, "eval_batches": 2, "seed": 4, "attention": "flash", "flash_block": 16,
-         "recompute": True, "threads": 3}
+         "recompute": True, "threads": 3, "n_kv_head": 2}
 
 
 def _config(argv):
@@ -307,11 +311,11 @@ def _text(value):
     return str(Path(value).resolve()) if value == "tale.txt" else value
 
 
-@pytest.mark.parametrize("name", [f.name for f in fields(TrainConfig)])
+@pytest.mark.parametrize("name", SETTINGS)
 def test_every_setting_has_a_flag_and_a_set_form(name):
-    assert set(OTHER) == {f.name for f in fields(TrainConfig)}
+    assert set(SETTINGS) <= set(OTHER)
     value, flag = OTHER[name], "--" + name.replace("_", "-")
-    want = replace(SMALL, **{name: _text(value)})
+    want = SMALL.with_settings(**{name: _text(value)})
     assert want != SMALL
     as_flag = ([f"--no-{flag[2:]}"] if value is False else [flag] if value is True
                else [flag, str(value)])
@@ -323,7 +327,7 @@ def test_every_setting_has_a_flag_and_a_set_form(name):
 def test_flags_override_the_preset_and_combine():
     tc = _config(["--n-layer", "1", "--lr", "2e-3", "--set", "beta2=0.9", "--set",
                   "tie_embeddings=no", "--steps", "5", "--set", "lr=2e-3"])  # same value twice
-    assert tc == replace(SMALL, n_layer=1, lr=2e-3, beta2=0.9, tie_embeddings=False, steps=5)
+    assert tc == SMALL.with_settings(n_layer=1, lr=2e-3, beta2=0.9, tie_embeddings=False, steps=5)
     with pytest.raises(UsageError, match="min_lr must lie in"):
         _config(["--lr", "1e-4"])  # below the preset's min_lr: the whole config is checked
 
@@ -337,7 +341,7 @@ def test_settings_reach_the_run_and_resume_keeps_or_changes_them(tmp_path, capsy
     ck = load_checkpoint(out)
     assert ck.config.n_layer == 1 and not ck.config.tie_embeddings
     assert ck.config.rope_theta == 500.0 and "lm_head" in ck.params
-    assert TrainConfig.from_dict(ck.train) == replace(SMALL, steps=2, eval_every=2, n_layer=1,
+    assert TrainConfig.from_dict(ck.train) == SMALL.with_settings(steps=2, eval_every=2, n_layer=1,
                                                       tie_embeddings=False, rope_theta=500.0,
                                                       lr=2e-3)
     # resuming keeps the checkpoint's settings; an optimizer setting may change

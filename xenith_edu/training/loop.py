@@ -2,7 +2,7 @@
 
 nanoGPT's order: config, data, model, optimizer, then one loop (learning rate, evaluation and
 checkpoint, forward, backward, clip, step, log). The training chapter walks through it; the
-run directory's files are `xenith_edu.runlog`'s, the data-parallel ranks `xenith_edu.parallel`'s.
+run directory's files are `runlog`'s, the data-parallel ranks `parallel`'s.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ if TYPE_CHECKING:  # parallel.py imports mpi4py, which a single-process run neve
     from .parallel import DataParallel
 
 # Shape legend: B batch, S positions (seq_len), E evaluation windows, V vocab.
-
 
 
 @dataclass
@@ -118,12 +117,12 @@ def train(
     tokenizer, train_ids, val_ids = load_data(tc, ckpt, resume)  # data
     cfg = tc.model_config(tokenizer.vocab_size)  # model
     if ckpt is not None:
-        check_resume(ckpt, resume, cfg, tc.steps)
+        check_resume(ckpt, resume, cfg, tc)  # the model, the seed, the steps
     if ranks is not None:
         ranks.ready(tc)  # every rank has passed the checks above
     params, m, v, start, rng = initial_state(tc, cfg, ckpt)  # parameters, optimizer, batches
     windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)
-    workers = ranks or ThreadShards(tc.threads, tc.recompute)  # ranks, or threads, share a batch
+    workers = ranks or ThreadShards(tc.threads)  # ranks, or threads, share a batch
     evaluate_fn = ranks.evaluate if ranks else evaluate
     log = RunLog(out_dir, tc, cfg, tokenizer.vocab, start, resume, progress=progress,
                  verbose=verbose, write=ranks is None or ranks.is_root)

@@ -15,7 +15,6 @@ import time
 import traceback
 import zlib
 from collections.abc import Callable
-from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -91,7 +90,6 @@ class DataParallel:
         self.status: Callable[[BaseException], int] = lambda e: 1  # an error's exit status
         self.comm_seconds = 0.0  # spent in (or waiting for) the gradient all-reduce
         self.last_progress = time.monotonic()
-        self.recompute = False  # the run's TrainConfig.recompute, set by `ready`
 
     @classmethod
     def from_world(cls, overlap: bool = False, timeout: float = TIMEOUT) -> DataParallel:
@@ -116,7 +114,6 @@ class DataParallel:
             raise ValueError(f"batch_size {tc.batch_size} is not divisible by the {self.size} "
                              f"processes: choose a multiple of {self.size} (--batch-size) or "
                              "another number of processes (mpiexec -n)")
-        self.recompute = bool(tc.recompute)
         self._agree(None)
 
     def _agree(self, error: BaseException | None) -> tuple[int, int] | None:
@@ -139,8 +136,8 @@ class DataParallel:
 
     # ---------------------------------------------------------------- gradients and loss
 
-    def loss_and_grads(self, params: Params, cfg: Config, x: np.ndarray,
-                       y: np.ndarray) -> tuple[float, Params]:
+    def loss_and_grads(self, params: Params, cfg: Config, x: np.ndarray, y: np.ndarray,
+                       recompute: bool = False) -> tuple[float, Params]:
         """The mean loss and gradients of the global batch x, y (B, S), from this rank's shard.
 
         Each rank's loss and gradients are means over its B/K windows; the mean over the K
@@ -149,9 +146,8 @@ class DataParallel:
         self.last_progress = time.monotonic()
         x, y = self.shard(x), self.shard(y)  # (B/K, S) each
         if self.overlap:
-            return self._overlapped(params, cfg, x, y)
-        grads_fn = partial(loss_and_grads, recompute=True) if self.recompute else loss_and_grads
-        loss, grads = grads_fn(params, cfg, x, y)  # this shard's mean loss and gradients
+            return self._overlapped(params, cfg, x, y, recompute)
+        loss, grads = loss_and_grads(params, cfg, x, y, recompute=recompute)  # of this shard
         t0 = time.perf_counter()
         flat = np.concatenate([g.ravel() for g in grads.values()])  # one message, not twelve
         self.comm.Allreduce(self.MPI.IN_PLACE, flat, op=self.MPI.SUM)  # the sum over ranks
@@ -167,8 +163,8 @@ class DataParallel:
         self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
         return float(buf[0] / self.size)
 
-    def _overlapped(self, params: Params, cfg: Config, x: np.ndarray,
-                    y: np.ndarray) -> tuple[float, Params]:
+    def _overlapped(self, params: Params, cfg: Config, x: np.ndarray, y: np.ndarray,
+                    recompute: bool) -> tuple[float, Params]:
         """The same figures, each layer's all-reduce started as soon as backward has its
         gradients: the communication of layer l overlaps the backward of layers l-1 ... 0."""
         MPI, pending = self.MPI, []  # (names, layer or None, buffer, request)
@@ -183,7 +179,7 @@ class DataParallel:
             MPI.Request.Testall([p[3] for p in pending])  # lets MPI move the earlier ones on
             self.comm_seconds += time.perf_counter() - t0
 
-        _, cache = forward(params, cfg, x, recompute=self.recompute)
+        _, cache = forward(params, cfg, x, recompute=recompute)
         loss, grads = backward(params, cfg, cache, y, on_layer=on_layer)
         t0 = time.perf_counter()
         rest = [k for k in grads if not PARAM[k].per_layer]  # embedding, final gain, head

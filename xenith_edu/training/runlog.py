@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +46,25 @@ def check_run_dir(out_dir: str | Path, resume: str | Path | None, overwrite: boo
     return out_dir
 
 
-def check_resume(ckpt: Checkpoint, resume: str | Path, cfg: Config, steps: int) -> None:
-    """A checkpoint can continue a run of model `cfg` up to `steps` updates: ValueError if not."""
+def check_resume(ckpt: Checkpoint, resume: str | Path, cfg: Config, tc: Any) -> None:
+    """The one check of a resume: checkpoint `ckpt` (read from `resume`) can continue the run of
+    model `cfg` with the settings `tc`, up to `tc.steps` updates. ValueError if not.
+
+    The model and the seed cannot change (the run would not be the one saved); the steps must
+    go beyond the checkpoint's. Any other setting may change.
+    """
     if ckpt.config != cfg:
         raise ValueError(f"checkpoint '{resume}' is from another model config "
                          f"({config_mismatch(ckpt.config, cfg)}): resume with the settings "
-                         "it was trained with, or start a new run")
-    if ckpt.step >= steps:
+                         "it was trained with (drop the model options and --preset), or start "
+                         "a new run with --out")
+    seed = ckpt.train.get("seed", tc.seed)
+    if tc.seed != seed:
+        raise ValueError(f"seed {tc.seed} differs from the checkpoint's seed {seed}: a resumed "
+                         "run keeps its seed; drop --seed")
+    if ckpt.step >= tc.steps:
         raise ValueError(f"checkpoint '{resume}' is already at step {ckpt.step}, and steps is "
-                         f"{steps}: ask for more steps to train further")
+                         f"{tc.steps}: pass --steps greater than {ckpt.step} to train further")
 
 
 def load_resume(resume: str | Path | None) -> Checkpoint | None:
@@ -138,7 +147,7 @@ class RunLog:
             out_dir.mkdir(parents=True, exist_ok=True)
             _keep_log_before(out_dir / LOG, start)
             self.file = open(out_dir / LOG, "a", encoding="utf-8")  # closed by close()
-        self.record(event="start", step=start, config=asdict(tc), vocab_size=cfg.vocab_size,
+        self.record(event="start", step=start, config=tc.to_dict(), vocab_size=cfg.vocab_size,
                     resumed_from=None if resume is None else str(resume))
         self.bar = tqdm(total=tc.steps, initial=start, unit="step", leave=verbose,
                         disable=(not write) or (None if progress is None else not progress),
@@ -162,7 +171,7 @@ class RunLog:
         """Params after `step` updates, the moments, and `rng` ready to draw batch `step`."""
         path = self.out_dir / CHECKPOINT
         if self.write:
-            save_checkpoint(path, params, m, v, step, rng, self.cfg, self.vocab, asdict(self.tc))
+            save_checkpoint(path, params, m, v, step, rng, self.cfg, self.vocab, self.tc.to_dict())
         self.last_ckpt = f"{path} (step {step})"
 
     def train(self, step: int, loss: float, lr: float, norm: float, seconds: float,
