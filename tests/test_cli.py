@@ -128,6 +128,8 @@ def test_bad_input_one_line_nonzero_no_traceback_no_file_touched(case, world, ca
     assert lines[0].startswith("xenith-edu") and "error:" in lines[0]
     assert expect in lines[0]
     assert "Traceback" not in err + out
+    for a in argv:  # no path said twice
+        assert a.count(str(world)) == 0 or lines[0].count(a) <= 1, lines[0]
     assert snapshot(world) == before  # nothing destroyed, changed or created
     assert not (world / "new").exists()
     if case in USAGE:
@@ -350,3 +352,20 @@ def test_settings_reach_the_run_and_resume_keeps_or_changes_them(tmp_path, capsy
     assert rc == 0, err
     ck = load_checkpoint(out)
     assert ck.step == 4 and ck.train["lr"] == 1e-3 and ck.train["rope_theta"] == 500.0
+
+
+@pytest.mark.parametrize("train, expect", [
+    ({"lr": "fast"}, "lr must be a number, got 'fast'"), ({"n_layer": 3}, "another model config"),
+    ({"steps": 2, "learning_rate": 1}, "unknown training settings ['learning_rate']"),
+    ({"text": 5}, "text must be a file name"), ({"recompute": "no"}, "recompute must be"),
+])
+def test_damaged_run_settings_in_a_checkpoint_are_one_line(world, tmp_path, capsys, train,
+                                                           expect):
+    from xenith_edu.training.checkpoint import save_checkpoint
+    ck = load_checkpoint(world / "run")
+    save_checkpoint(tmp_path / "ckpt.npz", ck.params, ck.m, ck.v, ck.step, ck.rng(), ck.config,
+                    ck.vocab, {**ck.train, **train})
+    rc, out, err = run(["train", "--resume", tmp_path, "--steps", "3", "--no-progress",
+                        "--sample-chars", "0"], capsys)
+    assert rc == 1 and len(err.splitlines()) == 1 and expect in err, err
+    assert "Traceback" not in err

@@ -332,3 +332,73 @@ def test_flash_attention_trains_like_the_plain_run(tmp_path):
     assert abs(flash.val_loss - plain.val_loss) < 1e-4
     with pytest.raises(ValueError, match="attention"):
         TINY.with_settings(attention="fast")
+
+
+# ---------------------------------------------------------------- the log never blocks a resume
+
+
+@pytest.mark.parametrize("bad, why", [
+    (b'\xff\xfe{"event": "train"}', "not UTF-8"),
+    (b"garbage", "not JSON"),
+    (b'{"event": "train", "loss": 1.0}', "no step"),
+    (b'{"event": "train", "step": 1}', "no loss"),
+    (b'{"step": 1}', "no event"),
+    (b"[1, 2]", "not a JSON record"),
+])
+def test_a_damaged_log_line_is_dropped_with_a_warning_and_the_resume_goes_on(
+        tmp_path, capsys, bad, why):
+    _run(TINY.with_settings(steps=3), tmp_path)
+    log = tmp_path / "log.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    original = b"".join(lines[:2]) + bad + b"\n" + b"".join(lines[2:])
+    log.write_bytes(original)
+    capsys.readouterr()
+    _run(TINY, tmp_path, resume=tmp_path)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0] == (
+        f"xenith-edu: warning: log '{log}' is damaged (1 line(s) dropped, line 3: {why}); the "
+        "original is kept as 'log.jsonl.damaged', the run resumes from its checkpoint")
+    assert (tmp_path / "log.jsonl.damaged").read_bytes() == original
+    assert [x["step"] for x in read_log(log) if x["event"] == "train"] == list(range(6))
+    assert load_checkpoint(tmp_path).step == 6
+
+
+def test_read_log_notes_each_damaged_line_but_not_a_last_line_cut_short(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(b'{"event": "start", "step": 0}\n\xff\n{"event": "eval", "step": 0, '
+                    b'"val_loss": 4.2}\n{"event": "train", "st')
+    damaged = []
+    assert [r["event"] for r in read_log(log, damaged)] == ["start", "eval"]
+    assert damaged == ["line 2: not UTF-8"]
+
+
+def test_an_unreadable_log_is_set_aside_and_a_new_one_begins(tmp_path, capsys):
+    _run(TINY.with_settings(steps=3), tmp_path)
+    log = tmp_path / "log.jsonl"
+    log.unlink()
+    log.mkdir()  # not a file at all
+    _run(TINY, tmp_path, resume=tmp_path)
+    assert "is damaged (1 line(s) dropped, unreadable (Is a directory))" in capsys.readouterr().err
+    assert (tmp_path / "log.jsonl.damaged").is_dir()
+    assert [x["step"] for x in read_log(log) if x["event"] == "train"] == [3, 4, 5]
+
+
+def test_disk_full_names_the_folder_and_the_checkpoint_kept(tmp_path, monkeypatch):
+    import xenith_edu.training.runlog as runlog
+    real, calls = runlog.save_checkpoint, []
+
+    def full(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device", str(args[0]))
+        real(*args, **kw)
+
+    monkeypatch.setattr(runlog, "save_checkpoint", full)
+    with pytest.raises(OSError) as e:
+        _run(TINY, tmp_path)
+    ckpt = tmp_path / "ckpt.npz"
+    assert str(e.value) == (
+        f"cannot write the checkpoint of step 6 into '{tmp_path}' (No space left on device): "
+        f"the last good checkpoint is {ckpt} (step 3); free some space (or make the folder "
+        "writable) and resume")
+    assert load_checkpoint(ckpt).step == 3

@@ -91,6 +91,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.model, Config):
             raise TypeError(f"model must be a Config, got {type(self.model).__name__}")
+        if not isinstance(self.recompute, (bool, np.bool_)):
+            raise TypeError(f"recompute must be true or false, got {self.recompute!r}")
+        if self.text is not None and not isinstance(self.text, str):
+            raise TypeError(f"text must be a file name, got {self.text!r}")
         for name in ("batch_size", "steps", "eval_every", "eval_batches", "threads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -99,6 +103,10 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        for name in ("lr", "min_lr", "beta1", "beta2", "eps", "weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+                raise TypeError(f"{name} must be a number, got {value!r}")
         if not 0 < self.lr < math.inf:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if not 0 <= self.min_lr <= self.lr:

@@ -57,9 +57,9 @@ class TrainResult:
 def load_data(tc: TrainConfig, ckpt: Checkpoint | None,
               resume: str | Path | None) -> tuple[CharTokenizer, np.ndarray, np.ndarray]:
     """The tokenizer (the checkpoint's, when resuming) and the training and validation ids."""
+    text = load_text(tc.text)  # its errors name the file
     try:
-        return prepare_data(load_text(tc.text), tc.seq_len,
-                            CharTokenizer(ckpt.vocab) if ckpt else None)
+        return prepare_data(text, tc.seq_len, CharTokenizer(ckpt.vocab) if ckpt else None)
     except ValueError as e:
         source = "the shipped text" if tc.text is None else f"text file '{tc.text}'"
         fit = f" does not fit checkpoint '{resume}'" if ckpt else ""
