@@ -3,8 +3,12 @@
 Bad input (issue item 7): one line on stderr, a non-zero exit, no traceback, no file touched.
 """
 
+import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import types
 from dataclasses import fields
 from pathlib import Path
@@ -369,3 +373,114 @@ def test_damaged_run_settings_in_a_checkpoint_are_one_line(world, tmp_path, caps
                         "--sample-chars", "0"], capsys)
     assert rc == 1 and len(err.splitlines()) == 1 and expect in err, err
     assert "Traceback" not in err
+
+
+# ---------------------------------------------------------------- SIGTERM, stale files, the lock
+
+
+def _no_leftovers(run_dir):
+    names = sorted(p.name for p in run_dir.iterdir())
+    assert not [n for n in names if n.endswith(".tmp")] and ".lock" not in names, names
+
+
+def test_sigterm_stops_like_ctrl_c_with_status_143(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "xenith_edu", "train", *QUICK, "--steps",
+                             "100000", "--eval-every", "5", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # until the first checkpoint is written (at most 2 minutes)
+            if (out / "ckpt.npz").exists() or proc.poll() is not None:
+                break
+            threading.Event().wait(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    step = load_checkpoint(out).step
+    assert step > 0 and step % 5 == 0
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"xenith-edu train: stopped by SIGTERM; the last good checkpoint is {out / 'ckpt.npz'} "
+        "(step "), err
+    _no_leftovers(out)
+
+
+def test_sigterm_inside_a_checkpoint_write_leaves_no_temporary(tmp_path, capsys, monkeypatch):
+    import xenith_edu.training.checkpoint as checkpoint
+    out, real, writes = tmp_path / "run", checkpoint.np.savez, []
+
+    def killed_midway(f, **arrays):
+        writes.append(1)
+        if len(writes) == 2:  # the second checkpoint, half written
+            f.write(b"PK half a checkpoint")
+            os.kill(os.getpid(), signal.SIGTERM)
+        real(f, **arrays)
+
+    monkeypatch.setattr(checkpoint.np, "savez", killed_midway)
+    rc, _, err = run(["train", *QUICK, "--steps", "6", "--eval-every", "2", "--out", out], capsys)
+    assert rc == 143
+    assert err == (f"xenith-edu train: stopped by SIGTERM; the last good checkpoint is "
+                   f"{out / 'ckpt.npz'} (step 2)\n")
+    assert load_checkpoint(out).step == 2
+    _no_leftovers(out)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back after the command
+
+
+def test_a_run_removes_the_temporary_files_a_killed_run_left(world, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(["train", *QUICK, "--steps", "2", "--eval-every", "2", "--out", out],
+               capsys)[0] == 0
+    stale = [out / ".ckpt.npz.k1ll3d.tmp", out / ".log.jsonl.x.tmp", out / ".loss.png.y.tmp"]
+    for p in stale:
+        p.write_bytes(b"half a file")
+    (out / "notes.tmp").write_text("mine")  # not the trainer's: kept
+    assert run(["train", "--resume", out, "--steps", "3", "--no-progress", "--sample-chars",
+                "0"], capsys)[0] == 0
+    assert not any(p.exists() for p in stale) and (out / "notes.tmp").exists()
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from xenith_edu.training.rundir import FolderLock
+FolderLock(Path(sys.argv[1])).acquire()
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_trainer_on_a_locked_folder_stops_at_once(tmp_path, capsys):
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        rc, _, err = run(["train", *QUICK, "--steps", "2", "--out", out], capsys)
+        assert rc == 1 and err == (
+            f"xenith-edu train: error: run folder '{out}' is in use by another trainer (pid "
+            f"{holder.pid} on {socket.gethostname()}): wait for it to end or stop it, or "
+            "choose another --out\n")
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing written
+    finally:
+        holder.kill()  # the kernel releases its lock: a killed holder blocks nothing
+        holder.wait()
+    rc, _, err = run(["train", *QUICK, "--steps", "2", "--eval-every", "2", "--out", out],
+                     capsys)
+    assert rc == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["ckpt.npz", "log.jsonl", "loss.png"]
+
+
+def test_the_lock_is_released_and_made_folders_removed_on_bad_input(tmp_path):
+    from xenith_edu.training.rundir import FolderLock
+    out = tmp_path / "a" / "b"
+    lock = FolderLock(out)
+    lock.acquire()
+    with pytest.raises(ValueError, match="is in use by another trainer"):
+        FolderLock(out).acquire()
+    lock.release()
+    assert list(tmp_path.iterdir()) == []  # both folders it made, empty, are gone
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        FolderLock(tmp_path / "file").acquire()

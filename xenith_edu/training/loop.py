@@ -20,6 +20,7 @@ from ..model import CharTokenizer, Config, init_params
 from .config import TrainConfig
 from .data import get_batch, load_text, prepare_data
 from .optim import lr_at, zeros_like_params
+from .rundir import FolderLock, remove_stale_temps
 from .runlog import (
     RunLog,
     check_resume,
@@ -107,25 +108,44 @@ def train(
     `resume`: a checkpoint to continue from, up to `tc.steps` updates in total. `progress`: a
     tqdm bar (None: only on a terminal). `ranks`: the processes of a data-parallel run
     (`xenith_edu.parallel`), of which rank 0 alone writes. Raises ValueError for bad input
-    before any file is written, and TrainingDiverged (leaving the last good checkpoint intact)
-    if the loss stops being finite.
+    before any file is written (and if another trainer holds the folder's lock), and
+    TrainingDiverged (leaving the last good checkpoint intact) if the loss stops being finite;
+    an interruption (KeyboardInterrupt) says which checkpoint it leaves.
     """
     t_start = time.perf_counter()
     if not isinstance(tc, TrainConfig):  # config and run directory
         raise TypeError(f"tc must be a TrainConfig, got {type(tc).__name__}")
-    out_dir, ckpt = check_run_dir(out_dir, resume, overwrite), load_resume(resume)
+    write = ranks is None or ranks.is_root  # rank 0 alone writes, and holds the folder's lock
+    lock = FolderLock(Path(out_dir)) if write else None
+    if lock is not None:
+        lock.acquire()  # a second trainer on this folder stops here
+    try:
+        return _train(tc, check_run_dir(out_dir, resume, overwrite), resume, progress, verbose,
+                      ranks, t_start)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(tc: TrainConfig, out_dir: Path, resume: str | Path | None, progress: bool | None,
+           verbose: bool, ranks: DataParallel | None, t_start: float) -> TrainResult:
+    """`train`'s body, with the run folder locked."""
+    ckpt = load_resume(resume)
     tokenizer, train_ids, val_ids = load_data(tc, ckpt, resume)  # data
     cfg = tc.model_config(tokenizer.vocab_size)  # model
     if ckpt is not None:
         check_resume(ckpt, resume, cfg, tc)  # the model, the seed, the steps
     if ranks is not None:
         ranks.ready(tc)  # every rank has passed the checks above
+    write = ranks is None or ranks.is_root
+    if write:
+        remove_stale_temps(out_dir)  # what a killed run left behind
     params, m, v, start, rng = initial_state(tc, cfg, ckpt)  # parameters, optimizer, batches
     windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)
     workers = ranks or ThreadShards(tc.threads)  # ranks, or threads, share a batch
     evaluate_fn = ranks.evaluate if ranks else evaluate
     log = RunLog(out_dir, tc, cfg, tokenizer.vocab, start, resume, progress=progress,
-                 verbose=verbose, write=ranks is None or ranks.is_root)
+                 verbose=verbose, write=write)
     val_loss = train_loss = math.nan
     finished = False
     try:
@@ -147,6 +167,8 @@ def train(
         finished = True
     except TrainingDiverged as e:
         raise TrainingDiverged(f"{e}: training stopped; {log.kept()}", e.step) from None
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (the command line raises it as one)
+        raise type(e)(log.kept()) from None
     finally:
         log.close(finished)
     ms, comm_ms = log.ms_per_step()

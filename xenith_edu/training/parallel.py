@@ -9,6 +9,8 @@ all-reduce averages them, so that every rank takes the same AdamW step. Only ran
 from __future__ import annotations
 
 import os
+import select
+import socket
 import sys
 import threading
 import time
@@ -90,6 +92,7 @@ class DataParallel:
         self.status: Callable[[BaseException], int] = lambda e: 1  # an error's exit status
         self.comm_seconds = 0.0  # spent in (or waiting for) the gradient all-reduce
         self.last_progress = time.monotonic()
+        self.lifelines: Lifelines | None = None  # made by `run`, with every rank
 
     @classmethod
     def from_world(cls, overlap: bool = False, timeout: float = TIMEOUT) -> DataParallel:
@@ -222,6 +225,7 @@ class DataParallel:
         the line and returns the exit status, `status(e)` only returns it.
         """
         self.status = status
+        self.lifelines = Lifelines(self.comm, self.on_death)
         watchdog = threading.Thread(target=self._watch, daemon=True)
         self.last_progress, self.running = time.monotonic(), True
         watchdog.start()
@@ -241,6 +245,7 @@ class DataParallel:
             self._abort(e, report)
         finally:
             self.running = False
+            self.lifelines.close()  # this rank stops on purpose: no one reports its end
 
     def _watch(self) -> None:
         limit = self.timeout + 4 * _ABORT_GRACE * self.rank  # rank 0 first: one line, not K
@@ -250,10 +255,23 @@ class DataParallel:
                 self._abort(TimeoutError(f"no progress for {self.timeout:.0f} s: another "
                                          "process has stopped or hangs"), _print_line)
 
+    def on_death(self, rank: int) -> None:
+        """Rank `rank` died without a word (killed, out of memory): our line, at once, before
+        the launcher notices and prints its banner; then every process stops."""
+        print(f"xenith-edu train: error: rank {rank} of {self.size} died (killed, or out of "
+              "memory: see the launcher's message); the last checkpoint in the run folder is "
+              "intact: resume the run with --resume", file=sys.stderr, flush=True)
+        if self.lifelines is not None:
+            self.lifelines.close()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # MPI_Abort's own message
+        self.comm.Abort(1)
+
     def _abort(self, e: BaseException, report: Callable[[BaseException], int]) -> None:
         if not isinstance(e, (ValueError, OSError, MemoryError, KeyboardInterrupt,
                               TimeoutError, RuntimeError)):
             traceback.print_exception(e)  # a bug: its traceback, then the line
+        if self.lifelines is not None:  # this rank reports: the others must not report its end
+            self.lifelines.close()
         code = report(RuntimeError(f"rank {self.rank} of {self.size}: {one_line(e)}; "
                                    "stopping every process"))
         sys.stdout.flush()
@@ -262,6 +280,72 @@ class DataParallel:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 2)  # MPI_Abort's own message would be a second line
         self.comm.Abort(code)
+
+
+class Lifelines:
+    """A TCP connection between rank 0 and each other rank, with one message: a byte that a
+    rank sends when it stops on purpose. A connection that ends without it means that the
+    process at the other end died, and the kernel says so at once: rank 0 reports the death of
+    another rank, rank 1 that of rank 0, before MPI's launcher notices and kills the job.
+
+    Best effort: where the ranks cannot connect (a firewall between hosts), there are none,
+    and the launcher's own message is all the user sees. `on_death(rank)` is called in a thread.
+    """
+
+    BYE = b"."
+
+    def __init__(self, comm: Any, on_death: Callable[[int], None], timeout: float = 10.0) -> None:
+        self.rank, self.on_death, self.closed = comm.Get_rank(), on_death, False
+        self.links: dict[int, socket.socket] = {}  # peer rank -> its connection
+        server = None
+        if self.rank == 0:
+            server = socket.create_server(("", 0))
+            server.settimeout(timeout)
+        address = comm.bcast((socket.gethostname(), server.getsockname()[1]) if server else None)
+        try:
+            if server is not None:
+                for _ in range(comm.Get_size() - 1):
+                    link, _ = server.accept()
+                    self.links[int.from_bytes(link.recv(4), "little")] = link
+            else:
+                link = socket.create_connection(address, timeout=timeout)
+                link.sendall(self.rank.to_bytes(4, "little"))
+                self.links[0] = link
+        except OSError:
+            pass  # no lifeline to some ranks: the launcher's message alone tells of their end
+        finally:
+            if server is not None:
+                server.close()
+        for link in self.links.values():
+            link.settimeout(None)
+        threading.Thread(target=self._listen, daemon=True).start()
+
+    def _listen(self) -> None:
+        waiting = dict(self.links)
+        while waiting and not self.closed:
+            ready, _, _ = select.select(list(waiting.values()), [], [], 0.5)
+            for link in ready:
+                peer = next(r for r, s in waiting.items() if s is link)
+                try:
+                    said = link.recv(1)
+                except OSError:
+                    said = b""
+                del waiting[peer]
+                if said != self.BYE and not self.closed and self.rank == min(
+                        {0, 1} - {peer}):  # one line: rank 0 tells, or rank 1 tells of rank 0
+                    self.on_death(peer)
+
+    def close(self) -> None:
+        """This rank stops on purpose: say so to every peer (once), and hang up."""
+        if self.closed:
+            return
+        self.closed = True
+        for link in self.links.values():
+            try:
+                link.sendall(self.BYE)
+                link.close()
+            except OSError:
+                pass
 
 
 def _unflatten(flat: np.ndarray, like: Any) -> list[np.ndarray]:
