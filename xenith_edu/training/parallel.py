@@ -9,9 +9,9 @@ all-reduce averages them, so that every rank takes the same AdamW step. Only ran
 from __future__ import annotations
 
 import os
-import select
-import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -92,7 +92,7 @@ class DataParallel:
         self.status: Callable[[BaseException], int] = lambda e: 1  # an error's exit status
         self.comm_seconds = 0.0  # spent in (or waiting for) the gradient all-reduce
         self.last_progress = time.monotonic()
-        self.lifelines: Lifelines | None = None  # made by `run`, with every rank
+        self.sentinel: Sentinel | None = None  # made by `run`, with every rank
 
     @classmethod
     def from_world(cls, overlap: bool = False, timeout: float = TIMEOUT) -> DataParallel:
@@ -225,7 +225,7 @@ class DataParallel:
         the line and returns the exit status, `status(e)` only returns it.
         """
         self.status = status
-        self.lifelines = Lifelines(self.comm, self.on_death)
+        self.sentinel = Sentinel(self.comm)  # reports this rank's death, if it dies
         watchdog = threading.Thread(target=self._watch, daemon=True)
         self.last_progress, self.running = time.monotonic(), True
         watchdog.start()
@@ -245,7 +245,7 @@ class DataParallel:
             self._abort(e, report)
         finally:
             self.running = False
-            self.lifelines.close()  # this rank stops on purpose: no one reports its end
+            self.sentinel.close()  # this rank stops on purpose: nothing to report
 
     def _watch(self) -> None:
         limit = self.timeout + 4 * _ABORT_GRACE * self.rank  # rank 0 first: one line, not K
@@ -255,23 +255,12 @@ class DataParallel:
                 self._abort(TimeoutError(f"no progress for {self.timeout:.0f} s: another "
                                          "process has stopped or hangs"), _print_line)
 
-    def on_death(self, rank: int) -> None:
-        """Rank `rank` died without a word (killed, out of memory): our line, at once, before
-        the launcher notices and prints its banner; then every process stops."""
-        print(f"xenith-edu train: error: rank {rank} of {self.size} died (killed, or out of "
-              "memory: see the launcher's message); the last checkpoint in the run folder is "
-              "intact: resume the run with --resume", file=sys.stderr, flush=True)
-        if self.lifelines is not None:
-            self.lifelines.close()
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # MPI_Abort's own message
-        self.comm.Abort(1)
-
     def _abort(self, e: BaseException, report: Callable[[BaseException], int]) -> None:
         if not isinstance(e, (ValueError, OSError, MemoryError, KeyboardInterrupt,
                               TimeoutError, RuntimeError)):
             traceback.print_exception(e)  # a bug: its traceback, then the line
-        if self.lifelines is not None:  # this rank reports: the others must not report its end
-            self.lifelines.close()
+        if self.sentinel is not None:  # this rank reports: the others' sentinels stay quiet
+            self.sentinel.claim()
         code = report(RuntimeError(f"rank {self.rank} of {self.size}: {one_line(e)}; "
                                    "stopping every process"))
         sys.stdout.flush()
@@ -282,70 +271,64 @@ class DataParallel:
         self.comm.Abort(code)
 
 
-class Lifelines:
-    """A TCP connection between rank 0 and each other rank, with one message: a byte that a
-    rank sends when it stops on purpose. A connection that ends without it means that the
-    process at the other end died, and the kernel says so at once: rank 0 reports the death of
-    another rank, rank 1 that of rank 0, before MPI's launcher notices and kills the job.
+# The sentinel: a small process that waits for its rank to end. A rank that ends on purpose
+# says so (one byte) first; if it ends without a word (killed, out of memory), the sentinel,
+# in a session of its own that the launcher's clean-up does not reach, prints the one line.
+# The first process of the job to end on a host claims a marker file there, so that the
+# ranks the launcher kills next stay silent (on one host, one line; across hosts, the first
+# death on each host is reported).
+_SENTINEL = r"""
+import os, sys, time
+said = sys.stdin.buffer.read()
+if said.endswith(b"!"):  # the rank reported an error itself, and claimed the marker
+    time.sleep(10)
+    os.unlink(sys.argv[2])
+if said:
+    sys.exit(0)
+try:
+    os.close(os.open(sys.argv[2], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+except OSError:
+    sys.exit(0)
+os.write(2, sys.argv[1].encode() + b"\n")
+time.sleep(10)  # the launcher kills the other ranks meanwhile: their sentinels find the marker
+os.unlink(sys.argv[2])
+"""
 
-    Best effort: where the ranks cannot connect (a firewall between hosts), there are none,
-    and the launcher's own message is all the user sees. `on_death(rank)` is called in a thread.
+
+class Sentinel:
+    """The watcher of one rank's end: see _SENTINEL. `close()` says this rank stops on purpose;
+    `claim()`, before this rank reports an error itself, keeps the other ranks' sentinels quiet.
     """
 
-    BYE = b"."
-
-    def __init__(self, comm: Any, on_death: Callable[[int], None], timeout: float = 10.0) -> None:
-        self.rank, self.on_death, self.closed = comm.Get_rank(), on_death, False
-        self.links: dict[int, socket.socket] = {}  # peer rank -> its connection
-        server = None
-        if self.rank == 0:
-            server = socket.create_server(("", 0))
-            server.settimeout(timeout)
-        address = comm.bcast((socket.gethostname(), server.getsockname()[1]) if server else None)
+    def __init__(self, comm: Any) -> None:
+        rank, size = comm.Get_rank(), comm.Get_size()
+        self.marker = os.path.join(tempfile.gettempdir(),
+                                   f"xenith-edu-{comm.bcast(os.getpid())}.ended")
+        line = (f"xenith-edu train: error: rank {rank} of {size} died (killed, or out of "
+                "memory: see the launcher's message); the last checkpoint in the run folder is "
+                "intact: resume the run with --resume")
         try:
-            if server is not None:
-                for _ in range(comm.Get_size() - 1):
-                    link, _ = server.accept()
-                    self.links[int.from_bytes(link.recv(4), "little")] = link
-            else:
-                link = socket.create_connection(address, timeout=timeout)
-                link.sendall(self.rank.to_bytes(4, "little"))
-                self.links[0] = link
+            self.proc = subprocess.Popen([sys.executable, "-c", _SENTINEL, line, self.marker],
+                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                         start_new_session=True)
         except OSError:
-            pass  # no lifeline to some ranks: the launcher's message alone tells of their end
-        finally:
-            if server is not None:
-                server.close()
-        for link in self.links.values():
-            link.settimeout(None)
-        threading.Thread(target=self._listen, daemon=True).start()
+            self.proc = None  # no sentinel: the launcher's message alone tells of a death
 
-    def _listen(self) -> None:
-        waiting = dict(self.links)
-        while waiting and not self.closed:
-            ready, _, _ = select.select(list(waiting.values()), [], [], 0.5)
-            for link in ready:
-                peer = next(r for r, s in waiting.items() if s is link)
-                try:
-                    said = link.recv(1)
-                except OSError:
-                    said = b""
-                del waiting[peer]
-                if said != self.BYE and not self.closed and self.rank == min(
-                        {0, 1} - {peer}):  # one line: rank 0 tells, or rank 1 tells of rank 0
-                    self.on_death(peer)
+    def claim(self) -> None:
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_WRONLY))
+        except OSError:
+            pass
+        self.close(b"!")  # its sentinel removes the marker, once the launcher is done
 
-    def close(self) -> None:
-        """This rank stops on purpose: say so to every peer (once), and hang up."""
-        if self.closed:
-            return
-        self.closed = True
-        for link in self.links.values():
+    def close(self, word: bytes = b".") -> None:
+        if self.proc is not None and self.proc.stdin is not None:
             try:
-                link.sendall(self.BYE)
-                link.close()
+                self.proc.stdin.write(word)
+                self.proc.stdin.close()
             except OSError:
                 pass
+            self.proc.stdin = None
 
 
 def _unflatten(flat: np.ndarray, like: Any) -> list[np.ndarray]:
