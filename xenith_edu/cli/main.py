@@ -189,6 +189,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    # the floors below, imported when the command runs: `xenith-edu --help` stays quick
     from ..model.generate import sample_text
     from ..tools.perf import keep_freed_memory
     from ..training import train
@@ -233,6 +234,7 @@ def _ranks(overlap: bool, timeout: float):
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
+    # the floors below, imported when the command runs: `xenith-edu --help` stays quick
     from ..model import CharTokenizer
     from ..model.generate import sample_text
     from ..training.checkpoint import load_checkpoint
