@@ -145,6 +145,7 @@ class DataParallel:
 
         Each rank's loss and gradients are means over its B/K windows; the mean over the K
         ranks of these means is the mean over all B windows, the single-process figure.
+        `recompute` is the run's choice, which `train_step` passes (as to the model's own).
         """
         self.last_progress = time.monotonic()
         x, y = self.shard(x), self.shard(y)  # (B/K, S) each
