@@ -402,3 +402,35 @@ def test_disk_full_names_the_folder_and_the_checkpoint_kept(tmp_path, monkeypatc
         f"the last good checkpoint is {ckpt} (step 3); free some space (or make the folder "
         "writable) and resume")
     assert load_checkpoint(ckpt).step == 3
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_train_step_passes_the_runs_recompute_choice_down(recompute):
+    """The one place the choice is read: train_step gives it to the gradient function."""
+    from xenith_edu.training import train_step
+    cfg = Config(vocab_size=9, n_embd=16, n_head=2, n_layer=1, ffn_hidden=24, seq_len=8)
+    params = init_params(cfg, 0, np.float32)
+    m, v = ({k: np.zeros_like(p) for k, p in params.items()} for _ in range(2))
+    seen = []
+
+    def grads_fn(params, cfg, x, y, **kw):
+        seen.append(kw)
+        from xenith_edu import loss_and_grads
+        return loss_and_grads(params, cfg, x, y, **kw)
+
+    x = np.random.default_rng(0).integers(0, 9, (2, 8))
+    tc = TINY.with_settings(recompute=recompute)
+    train_step(params, m, v, 0, 1e-3, cfg, tc, x, x, grads_fn)
+    assert seen == [{"recompute": recompute}]
+
+
+def test_evaluate_sums_float32_losses_in_float64():
+    cfg = Config(vocab_size=9, n_embd=16, n_head=2, n_layer=1, ffn_hidden=24, seq_len=8)
+    params = init_params(cfg, 0, np.float32)
+    rng = np.random.default_rng(1)
+    x, y = rng.integers(0, 9, (60, 8)), rng.integers(0, 9, (60, 8))
+    from xenith_edu import forward
+    losses = per_token_loss(forward(params, cfg, x)[0], y)  # float32, (60, 8)
+    assert losses.dtype == np.float32
+    want = losses.astype(np.float64).sum() / y.size
+    assert evaluate(params, cfg, x, y, chunk=7) == pytest.approx(want, rel=1e-12, abs=0)
