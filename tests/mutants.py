@@ -6,6 +6,7 @@ reason in tests/mutants_equivalent.toml), timed out and not yet run, and the sco
 
     python tests/mutants.py                       # every module of [tool.mutmut], resumes
     python tests/mutants.py gradcheck checkpoint  # these modules only, measured afresh
+    python tests/mutants.py model.config          # a stem two modules share: its dotted path
     python tests/mutants.py --report              # the report of the last run, no run
 """
 
@@ -37,10 +38,27 @@ def _load_toml(path: Path) -> dict:
     return tomllib.load(str(path))
 
 
-def configured_modules() -> list[str]:
-    """The module names (gradcheck, data, ...) that [tool.mutmut] only_mutate lists."""
-    paths = _load_toml(ROOT / "pyproject.toml")["tool"]["mutmut"]["only_mutate"]
-    return [Path(p).stem for p in paths]
+def configured_modules() -> dict[str, Path]:
+    """The modules that [tool.mutmut] only_mutate lists, by name: the file's stem (gradcheck,
+    data, transformer, ...), or its dotted path under xenith_edu where two stems are alike."""
+    paths = [Path(p) for p in _load_toml(ROOT / "pyproject.toml")["tool"]["mutmut"]["only_mutate"]]
+    stems = Counter(p.stem for p in paths)
+    return {p.stem if stems[p.stem] == 1 else ".".join(p.with_suffix("").parts[1:]): p
+            for p in paths}
+
+
+def dotted(path: Path) -> str:
+    """xenith_edu/tools/gradcheck.py -> xenith_edu.tools.gradcheck, the prefix of its mutants."""
+    return ".".join(path.with_suffix("").parts)
+
+
+def path_of(mutant: str) -> Path | None:
+    """The source file of a mutant ('xenith_edu.tools.gradcheck.x_rel_error__mutmut_3'), or
+    None if no configured module holds it."""
+    for path in configured_modules().values():
+        if mutant.startswith(dotted(path) + "."):
+            return path
+    return None
 
 
 def _statuses(modules: list[str]) -> dict[str, str]:
@@ -49,9 +67,9 @@ def _statuses(modules: list[str]) -> dict[str, str]:
     from mutmut.mutation.data import SourceFileMutationData
     from mutmut.stats import status_by_exit_code
 
-    out = {}
+    known, out = configured_modules(), {}
     for mod in modules:
-        data = SourceFileMutationData(path=Path("xenith_edu") / f"{mod}.py")
+        data = SourceFileMutationData(path=known[mod])
         data.load()
         out.update({k: status_by_exit_code[c] for k, c in data.exit_code_by_key.items()})
     return out
@@ -95,7 +113,7 @@ def _not_equivalent(names: list[str]) -> list[str]:
     entries, rules = load_equivalent(), load_rules()
     out = []
     for name in names:
-        path = Path("xenith_edu") / f"{name.split('.')[1]}.py"
+        path = path_of(name)
         if equivalence(name, get_diff_for_mutant(name, path=path), entries, rules) is None:
             out.append(name)
     return out
@@ -112,7 +130,8 @@ def run_mutmut(modules: list[str], fresh: bool, budget: float, jobs: int) -> Non
     (ROOT / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     deadline = time.monotonic() + budget
     if fresh:
-        _mutmut([f"xenith_edu.{m}.*" for m in modules], deadline, jobs)
+        known = configured_modules()
+        _mutmut([f"{dotted(known[m])}.*" for m in modules], deadline, jobs)
         return
     before = _statuses(modules)
     if not _mutmut([], deadline, jobs):
@@ -202,8 +221,9 @@ def report(modules: list[str], verbose: bool = True) -> bool:
     entries, rules = load_equivalent(), load_rules()
     used: set[int] = set()
     rows, survivors = [], []
+    known = configured_modules()
     for mod in modules:
-        path = Path("xenith_edu") / f"{mod}.py"
+        path = known[mod]
         data = SourceFileMutationData(path=path)
         data.load()
         counts: Counter = Counter()
@@ -220,11 +240,11 @@ def report(modules: list[str], verbose: bool = True) -> bool:
                     status = "survived"
             counts[status] += 1
         rows.append((mod, counts))
-    stale = [e for i, e in enumerate(entries) if i not in used
-             and function_of(e["id"]).split(".")[1] in modules]
+    chosen = {known[m] for m in modules}
+    stale = [e for i, e in enumerate(entries) if i not in used and path_of(e["id"]) in chosen]
 
     ok = True
-    head = f"{'module':<16}{'mutants':>8}{'killed':>8}{'survived':>9}{'equiv.':>8}" \
+    head = f"{'module':<20}{'mutants':>8}{'killed':>8}{'survived':>9}{'equiv.':>8}" \
            f"{'timeout':>8}{'not run':>8}{'score':>8}"
     print("\n" + head + "\n" + "-" * len(head))
     for mod, c in rows:
@@ -235,7 +255,7 @@ def report(modules: list[str], verbose: bool = True) -> bool:
         total = sum(c.values())
         if total and (not_run or not score >= TARGET):
             ok = False
-        print(f"{mod:<16}{total:>8}{killed:>8}{c['survived']:>9}{c['equivalent']:>8}"
+        print(f"{mod:<20}{total:>8}{killed:>8}{c['survived']:>9}{c['equivalent']:>8}"
               f"{c['timeout']:>8}{not_run:>8}{score:>7.1f}%")
     print(f"\nscore = (killed + timeout) / (mutants run - equivalent); target {TARGET:.0f}% "
           "in every module")
@@ -259,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", action="store_true", help="only print the last run's report")
     p.add_argument("--quiet", action="store_true", help="the table only, no surviving diffs")
     args = p.parse_args(argv)
-    known = configured_modules()
+    known = list(configured_modules())
     unknown = sorted(set(args.modules) - set(known))
     if unknown:
         p.error(f"unknown modules {unknown}: [tool.mutmut] only_mutate lists {known}")

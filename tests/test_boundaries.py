@@ -308,7 +308,7 @@ def test_clip_scales_a_large_finite_norm():
 ])
 def test_train_config_names_the_bad_field(field, value):
     with raises(ValueError, field):
-        xe.TrainConfig(**{field: value})
+        xe.TrainConfig().with_settings(**{field: value})
 
 
 # ---- one-line errors, as the command line prints them ----

@@ -13,6 +13,7 @@ from xenith_edu import Config, init_params
 from xenith_edu.tools import util
 from xenith_edu.training.checkpoint import (
     atomic_write,
+    checksum,
     config_mismatch,
     generator_from_state,
     load_checkpoint,
@@ -519,10 +520,10 @@ def test_an_error_without_a_message_is_named_by_its_type(tmp_path, monkeypatch):
     path = tmp_path / "ckpt.npz"
     _save(path)
 
-    def failing_load(*args, **kwargs):
+    def failing_zip(*args, **kwargs):
         raise EOFError
 
-    monkeypatch.setattr(np, "load", failing_load)
+    monkeypatch.setattr(zipfile, "ZipFile", failing_zip)
     with refused(path, "is truncated or is not a xenith-edu checkpoint (EOFError): use an intact "
                  "checkpoint or train again"):
         load_checkpoint(path)
@@ -564,3 +565,122 @@ def test_moments_are_checked_like_the_parameters(tmp_path):
     with refused(path, "has 'v/w2' of shape (2, 3, 16), but its config implies (2, 24, 16): the "
                  "file is damaged"):
         load_checkpoint(path)
+
+
+# ---- damage is one line: sizes before allocation, zip errors, checksums ----
+
+TRUNCATED = "is truncated or is not a xenith-edu checkpoint"
+
+
+def _damaged(path):
+    """The one-line refusal of a damaged checkpoint: a ValueError naming the file once."""
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(path)
+    message = str(e.value)
+    assert message.startswith(f"checkpoint '{path}' ") and message.count(str(path)) == 1
+    assert "\n" not in message and "pickle" not in message
+    return message
+
+
+def test_a_zeroed_checkpoint_gets_no_advice_to_unpickle(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+    path.write_bytes(bytes(path.stat().st_size))
+    assert _damaged(path) == (f"checkpoint '{path}' {TRUNCATED} (File is not a zip file): use "
+                              "an intact checkpoint or train again")
+
+
+def _zip(path, members):
+    """A stored (uncompressed) zip of raw members {name: bytes}, as np.savez writes."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+
+
+def _npy_header(shape, descr="<f4"):
+    import io
+    f = io.BytesIO()
+    np.lib.format.write_array_header_1_0(f, {"descr": descr, "fortran_order": False,
+                                             "shape": shape})
+    return f.getvalue()
+
+
+def test_a_header_claiming_1e14_elements_is_refused_before_allocating(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    _zip(path, {"meta.npy": _npy_header((10**14,)) + b"\0" * 64})
+    message = _damaged(path)
+    assert "claims shape (100000000000000,) of float32" in message and "holds 64" in message
+
+
+def test_an_empty_member_and_a_pickled_member_are_refused(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    _zip(path, {"meta.npy": b""})
+    assert TRUNCATED in _damaged(path)
+    _zip(path, {"meta.npy": _npy_header((2,), "|O") + b"\0" * 16})
+    assert "holds Python objects" in _damaged(path)
+    _zip(path, {"meta.txt": b"hello"})
+    assert "is not one array of the file" in _damaged(path)
+
+
+@pytest.mark.parametrize("offset, value", [(10, 99), (8, 1), (8, 0x41), (10, 8)])
+def test_flipped_bits_in_the_zip_directory_are_one_line(tmp_path, offset, value):
+    """The central directory's general-purpose flags (8: bit 0 "encrypted") and compression
+    method (10: 99 is AES, 8 deflate over stored bytes): NotImplementedError, RuntimeError or
+    a BadZipFile inside the zip reader, a ValueError out of load_checkpoint."""
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+    data = bytearray(path.read_bytes())
+    at = data.rfind(b"PK\x01\x02")  # the last member's central directory record
+    data[at + offset] = value
+    path.write_bytes(bytes(data))
+    assert TRUNCATED in _damaged(path)
+
+
+def test_flipped_bits_that_the_zip_crc_misses_are_caught_by_the_checksums(tmp_path):
+    """A file rewritten with a valid zip (new CRCs) but other bytes in an array: the checksum
+    in the metadata, computed when the checkpoint was saved, refuses it."""
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+
+    def flip(arrays):
+        bits = arrays["m/w1"].view(np.uint32)
+        bits[0, 1, 2] ^= 1 << 3
+
+    _rewrite(path, flip)
+    with refused(path, "has arrays ['m/w1'] that do not match their checksums (flipped bits in "
+                 "the file): use an intact checkpoint or train again"):
+        load_checkpoint(path)
+    _edit_meta(path, lambda m: m.update(checksums=[1, 2]))
+    with refused(path, "has damaged checksums in its metadata: use an intact checkpoint or "
+                 "train again"):
+        load_checkpoint(path)
+
+
+def test_a_checkpoint_without_checksums_still_loads(tmp_path):
+    """A checkpoint saved before the checksums existed is read as before."""
+    path = tmp_path / "ckpt.npz"
+    params, _, _, _ = _save(path)
+    _edit_meta(path, lambda m: m.pop("checksums"))
+    np.testing.assert_array_equal(load_checkpoint(path).params["wq"], params["wq"])
+
+
+def test_loaded_arrays_are_writable_and_checksums_recorded(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+    ck = load_checkpoint(path)
+    ck.params["wq"][0, 0, 0] += 1.0  # the trainer updates them in place
+    with np.load(path, allow_pickle=False) as npz:
+        meta = json.loads(str(npz["meta"][()]))
+        assert set(meta["checksums"]) == set(npz.files) - {"meta"}
+        assert all(meta["checksums"][k] == checksum(npz[k]) for k in meta["checksums"])
+
+
+def test_an_unreadable_file_names_the_reason_once(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+
+    def unreadable(name, *args, **kwargs):  # as open() says it: with the path, once more
+        raise PermissionError(13, "Permission denied", str(name))
+
+    monkeypatch.setattr(zipfile, "ZipFile", unreadable)
+    assert "(Permission denied)" in _damaged(path)

@@ -3,10 +3,14 @@
 Bad input (issue item 7): one line on stderr, a non-zero exit, no traceback, no file touched.
 """
 
+import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import types
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +22,11 @@ from xenith_edu.cli.settings import UsageError, train_config
 from xenith_edu.model.params import PARAMS
 from xenith_edu.training import SMALL, TrainConfig
 from xenith_edu.training.checkpoint import load_checkpoint
+from xenith_edu.training.config import model_fields
 
+# every setting of a run, the model's and the trainer's: one option each
+SETTINGS = [f.name for f in model_fields()] + [f.name for f in fields(TrainConfig)
+                                               if f.name != "model"]
 QUICK = ["--preset", "small", "--no-progress", "--sample-chars", "0"]
 
 
@@ -124,6 +132,8 @@ def test_bad_input_one_line_nonzero_no_traceback_no_file_touched(case, world, ca
     assert lines[0].startswith("xenith-edu") and "error:" in lines[0]
     assert expect in lines[0]
     assert "Traceback" not in err + out
+    for a in argv:  # no path said twice
+        assert a.count(str(world)) == 0 or lines[0].count(a) <= 1, lines[0]
     assert snapshot(world) == before  # nothing destroyed, changed or created
     assert not (world / "new").exists()
     if case in USAGE:
@@ -215,7 +225,7 @@ def test_gradcheck_table_catches_a_wrong_gradient(capsys, monkeypatch):
     (None, ["train", "sample", "gradcheck", "student", "grade"]),
     ("train", ["--preset", "--set", "--out", "--resume", "--overwrite", "--sample-chars",
                "--no-progress", "--overlap"]
-     + [f"--{f.name.replace('_', '-')}" for f in fields(TrainConfig)]),
+     + [f"--{name.replace('_', '-')}" for name in SETTINGS]),
     ("sample", ["CKPT", "--prompt", "--chars", "--temperature", "--top-k", "--seed"]),
     ("gradcheck", ["--coords", "--seed", "--untied"]),
     ("student", ["SRC", "--out"]),
@@ -296,7 +306,7 @@ OTHER = {"n_layer": 3, "n_head": 2, "n_embd": 48, "ffn_hidden": 96, "seq_len": 1
          "batch_size": 8, "lr": 2e-3, "min_lr": 1e-4, "beta1": 0.8, "beta2": 0.95, "eps": 1e-6,
          "weight_decay": 0.0, "warmup_steps": 5, "decay_steps": 50, "grad_clip": 0.5, "steps": 7,
          "eval_every": 3, "eval_batches": 2, "seed": 4, "attention": "flash", "flash_block": 16,
-         "recompute": True, "threads": 3}
+         "recompute": True, "threads": 3, "n_kv_head": 2}
 
 
 def _config(argv):
@@ -307,11 +317,11 @@ def _text(value):
     return str(Path(value).resolve()) if value == "tale.txt" else value
 
 
-@pytest.mark.parametrize("name", [f.name for f in fields(TrainConfig)])
+@pytest.mark.parametrize("name", SETTINGS)
 def test_every_setting_has_a_flag_and_a_set_form(name):
-    assert set(OTHER) == {f.name for f in fields(TrainConfig)}
+    assert set(SETTINGS) <= set(OTHER)
     value, flag = OTHER[name], "--" + name.replace("_", "-")
-    want = replace(SMALL, **{name: _text(value)})
+    want = SMALL.with_settings(**{name: _text(value)})
     assert want != SMALL
     as_flag = ([f"--no-{flag[2:]}"] if value is False else [flag] if value is True
                else [flag, str(value)])
@@ -323,7 +333,7 @@ def test_every_setting_has_a_flag_and_a_set_form(name):
 def test_flags_override_the_preset_and_combine():
     tc = _config(["--n-layer", "1", "--lr", "2e-3", "--set", "beta2=0.9", "--set",
                   "tie_embeddings=no", "--steps", "5", "--set", "lr=2e-3"])  # same value twice
-    assert tc == replace(SMALL, n_layer=1, lr=2e-3, beta2=0.9, tie_embeddings=False, steps=5)
+    assert tc == SMALL.with_settings(n_layer=1, lr=2e-3, beta2=0.9, tie_embeddings=False, steps=5)
     with pytest.raises(UsageError, match="min_lr must lie in"):
         _config(["--lr", "1e-4"])  # below the preset's min_lr: the whole config is checked
 
@@ -337,7 +347,7 @@ def test_settings_reach_the_run_and_resume_keeps_or_changes_them(tmp_path, capsy
     ck = load_checkpoint(out)
     assert ck.config.n_layer == 1 and not ck.config.tie_embeddings
     assert ck.config.rope_theta == 500.0 and "lm_head" in ck.params
-    assert TrainConfig.from_dict(ck.train) == replace(SMALL, steps=2, eval_every=2, n_layer=1,
+    assert TrainConfig.from_dict(ck.train) == SMALL.with_settings(steps=2, eval_every=2, n_layer=1,
                                                       tie_embeddings=False, rope_theta=500.0,
                                                       lr=2e-3)
     # resuming keeps the checkpoint's settings; an optimizer setting may change
@@ -346,3 +356,131 @@ def test_settings_reach_the_run_and_resume_keeps_or_changes_them(tmp_path, capsy
     assert rc == 0, err
     ck = load_checkpoint(out)
     assert ck.step == 4 and ck.train["lr"] == 1e-3 and ck.train["rope_theta"] == 500.0
+
+
+@pytest.mark.parametrize("train, expect", [
+    ({"lr": "fast"}, "lr must be a number, got 'fast'"), ({"n_layer": 3}, "another model config"),
+    ({"steps": 2, "learning_rate": 1}, "unknown training settings ['learning_rate']"),
+    ({"text": 5}, "text must be a file name"), ({"recompute": "no"}, "recompute must be"),
+])
+def test_damaged_run_settings_in_a_checkpoint_are_one_line(world, tmp_path, capsys, train,
+                                                           expect):
+    from xenith_edu.training.checkpoint import save_checkpoint
+    ck = load_checkpoint(world / "run")
+    save_checkpoint(tmp_path / "ckpt.npz", ck.params, ck.m, ck.v, ck.step, ck.rng(), ck.config,
+                    ck.vocab, {**ck.train, **train})
+    rc, out, err = run(["train", "--resume", tmp_path, "--steps", "3", "--no-progress",
+                        "--sample-chars", "0"], capsys)
+    assert rc == 1 and len(err.splitlines()) == 1 and expect in err, err
+    assert "Traceback" not in err
+
+
+# ---------------------------------------------------------------- SIGTERM, stale files, the lock
+
+
+def _no_leftovers(run_dir):
+    names = sorted(p.name for p in run_dir.iterdir())
+    assert not [n for n in names if n.endswith(".tmp")] and ".lock" not in names, names
+
+
+def test_sigterm_stops_like_ctrl_c_with_status_143(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "xenith_edu", "train", *QUICK, "--steps",
+                             "100000", "--eval-every", "5", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # until the first checkpoint is written (at most 2 minutes)
+            if (out / "ckpt.npz").exists() or proc.poll() is not None:
+                break
+            threading.Event().wait(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    step = load_checkpoint(out).step
+    assert step > 0 and step % 5 == 0
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"xenith-edu train: stopped by SIGTERM; the last good checkpoint is {out / 'ckpt.npz'} "
+        "(step "), err
+    _no_leftovers(out)
+
+
+def test_sigterm_inside_a_checkpoint_write_leaves_no_temporary(tmp_path, capsys, monkeypatch):
+    import xenith_edu.training.checkpoint as checkpoint
+    out, real, writes = tmp_path / "run", checkpoint.np.savez, []
+
+    def killed_midway(f, **arrays):
+        writes.append(1)
+        if len(writes) == 2:  # the second checkpoint, half written
+            f.write(b"PK half a checkpoint")
+            os.kill(os.getpid(), signal.SIGTERM)
+        real(f, **arrays)
+
+    monkeypatch.setattr(checkpoint.np, "savez", killed_midway)
+    rc, _, err = run(["train", *QUICK, "--steps", "6", "--eval-every", "2", "--out", out], capsys)
+    assert rc == 143
+    assert err == (f"xenith-edu train: stopped by SIGTERM; the last good checkpoint is "
+                   f"{out / 'ckpt.npz'} (step 2)\n")
+    assert load_checkpoint(out).step == 2
+    _no_leftovers(out)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back after the command
+
+
+def test_a_run_removes_the_temporary_files_a_killed_run_left(world, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(["train", *QUICK, "--steps", "2", "--eval-every", "2", "--out", out],
+               capsys)[0] == 0
+    stale = [out / ".ckpt.npz.k1ll3d.tmp", out / ".log.jsonl.x.tmp", out / ".loss.png.y.tmp"]
+    for p in stale:
+        p.write_bytes(b"half a file")
+    (out / "notes.tmp").write_text("mine")  # not the trainer's: kept
+    assert run(["train", "--resume", out, "--steps", "3", "--no-progress", "--sample-chars",
+                "0"], capsys)[0] == 0
+    assert not any(p.exists() for p in stale) and (out / "notes.tmp").exists()
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from xenith_edu.training.rundir import FolderLock
+FolderLock(Path(sys.argv[1])).acquire()
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_trainer_on_a_locked_folder_stops_at_once(tmp_path, capsys):
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        rc, _, err = run(["train", *QUICK, "--steps", "2", "--out", out], capsys)
+        assert rc == 1 and err == (
+            f"xenith-edu train: error: run folder '{out}' is in use by another trainer (pid "
+            f"{holder.pid} on {socket.gethostname()}): wait for it to end or stop it, or "
+            "choose another --out\n")
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing written
+    finally:
+        holder.kill()  # the kernel releases its lock: a killed holder blocks nothing
+        holder.wait()
+    rc, _, err = run(["train", *QUICK, "--steps", "2", "--eval-every", "2", "--out", out],
+                     capsys)
+    assert rc == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["ckpt.npz", "log.jsonl", "loss.png"]
+
+
+def test_the_lock_is_released_and_made_folders_removed_on_bad_input(tmp_path):
+    from xenith_edu.training.rundir import FolderLock
+    out = tmp_path / "a" / "b"
+    lock = FolderLock(out)
+    lock.acquire()
+    with pytest.raises(ValueError, match="is in use by another trainer"):
+        FolderLock(out).acquire()
+    lock.release()
+    assert list(tmp_path.iterdir()) == []  # both folders it made, empty, are gone
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        FolderLock(tmp_path / "file").acquire()

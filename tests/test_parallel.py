@@ -158,6 +158,19 @@ def test_a_failing_rank_stops_every_rank_with_one_line(bad_rank, tmp_path):
     assert "stopping every process" in line
 
 
+@pytest.mark.parametrize("bad_rank", [0, 1])
+def test_a_rank_that_dies_is_reported_by_a_survivor_before_the_launcher(bad_rank, tmp_path):
+    """SIGKILL (the out-of-memory killer, kill -9): the dead rank says nothing, the launcher
+    kills the others within milliseconds; a survivor's line comes first, naming the rank."""
+    r = mpiexec(2, *RUN, "--out", tmp_path / "run", mode="die", bad_rank=bad_rank)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode != 0 and lines, r.stderr
+    assert lines[0] == (f"xenith-edu train: error: rank {bad_rank} of 2 died (killed, or out "
+                        "of memory: see the launcher's message); the last checkpoint in the run "
+                        "folder is intact: resume the run with --resume"), r.stderr
+    assert sum("xenith-edu" in x for x in lines) == 1 and "Traceback" not in r.stderr
+
+
 def test_a_rank_that_hangs_is_noticed(tmp_path):
     r = mpiexec(2, *RUN, "--mpi-timeout", "3", "--out", tmp_path / "run", mode="hang",
                 bad_rank=1)

@@ -42,8 +42,8 @@ def test_sharded_loss_and_gradients_equal_one_call(B, threads, recompute):
     params = init_params(CFG, 3, np.float64)
     x, y = _batch(B)
     loss, grads = loss_and_grads(params, CFG, x, y)
-    with ThreadShards(threads, recompute=recompute) as shards:
-        got_loss, got = shards.loss_and_grads(params, CFG, x, y)
+    with ThreadShards(threads) as shards:
+        got_loss, got = shards.loss_and_grads(params, CFG, x, y, recompute=recompute)
     assert got_loss == pytest.approx(loss, rel=1e-13)
     assert list(got) == list(grads)
     for name in grads:
@@ -103,9 +103,10 @@ def test_one_shard_runs_in_the_caller_and_leaves_blas_alone(monkeypatch, threads
 @pytest.mark.parametrize("recompute", [False, True])
 def test_every_shard_recomputes_when_asked(monkeypatch, recompute):
     seen = _spy(monkeypatch)
-    with ThreadShards(2, **({"recompute": True} if recompute else {})) as shards:  # or default
-        shards.loss_and_grads(init_params(CFG, 0, np.float32), CFG, *_batch(4))
-    assert [s["recompute"] for s in seen] == ([True, True] if recompute else [None, None])
+    with ThreadShards(2) as shards:
+        shards.loss_and_grads(init_params(CFG, 0, np.float32), CFG, *_batch(4),
+                              **({"recompute": True} if recompute else {}))  # or the default
+    assert [s["recompute"] for s in seen] == [recompute, recompute]
 
 
 def test_dropping_the_shards_without_close_ends_the_worker_threads():

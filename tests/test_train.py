@@ -7,7 +7,6 @@ training recipe) with: XENITH_EDU_UPDATE_GOLDEN=1 python -m pytest tests/test_tr
 import json
 import math
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +32,7 @@ GOLDEN = Path(__file__).parent / "golden" / "small_loss_trace.json"
 GOLDEN_ATOL = 1e-3  # see the golden test for why this is tight enough and loose enough
 
 # a few fast steps of the small preset
-TINY = replace(SMALL, steps=6, eval_every=3, eval_batches=2)
+TINY = SMALL.with_settings(steps=6, eval_every=3, eval_batches=2)
 
 
 def _run(tc, out, **kw):
@@ -62,14 +61,43 @@ def test_book_preset_is_the_issue_recipe():
 ])
 def test_train_config_rejects_bad_settings(field, value, match):
     with pytest.raises(ValueError, match=match):
-        replace(SMALL, **{field: value})
+        SMALL.with_settings(**{field: value})
 
 
 def test_train_config_from_dict_round_trip_and_unknown_keys():
-    from dataclasses import asdict
-    assert TrainConfig.from_dict(asdict(SMALL)) == SMALL
+    assert TrainConfig.from_dict(SMALL.to_dict()) == SMALL
+    assert TrainConfig.from_dict(BOOK.to_dict()) == BOOK
     with pytest.raises(ValueError, match="unknown training settings"):
-        TrainConfig.from_dict({**asdict(SMALL), "learning_rate": 1.0})
+        TrainConfig.from_dict({**SMALL.to_dict(), "learning_rate": 1.0})
+    with pytest.raises(TypeError, match="must be a record"):
+        TrainConfig.from_dict([1, 2])
+
+
+def test_train_config_nests_the_model_config():
+    """One list of model sizes: the model's Config, read through the recipe."""
+    assert isinstance(BOOK.model, Config) and BOOK.seq_len == BOOK.model.seq_len == 64
+    assert BOOK.model_config(76) == Config(vocab_size=76, n_embd=128, n_head=4, n_layer=4,
+                                           seq_len=64)
+    assert "vocab_size" not in BOOK.to_dict() and BOOK.to_dict()["n_layer"] == 4
+    with pytest.raises(AttributeError, match="no setting 'vocab'"):
+        BOOK.vocab  # noqa: B018
+    with pytest.raises(TypeError, match="model must be a Config"):
+        TrainConfig(model={"n_layer": 2})
+
+
+def test_ffn_hidden_follows_llama_rule_unless_set():
+    from xenith_edu.model.config import default_ffn_hidden
+    assert BOOK.ffn_hidden == default_ffn_hidden(128) == 352
+    assert SMALL.ffn_hidden == default_ffn_hidden(64) == 192
+    wide = BOOK.with_settings(n_embd=256)
+    assert wide.ffn_hidden == default_ffn_hidden(256) == 704
+    fixed = BOOK.with_settings(n_embd=256, ffn_hidden=352)
+    assert fixed.ffn_hidden == 352
+    assert fixed.with_settings(n_embd=512).ffn_hidden == 352  # once set, it stays set
+    assert BOOK.with_settings(lr=3e-4).model is BOOK.model
+    assert TrainConfig.from_dict({"n_embd": 256}).ffn_hidden == 704
+    with pytest.raises(ValueError, match=r"unknown training settings \['widht'\]"):
+        BOOK.with_settings(widht=3)
 
 
 def test_run_writes_checkpoint_log_and_curve(tmp_path):
@@ -86,14 +114,14 @@ def test_run_writes_checkpoint_log_and_curve(tmp_path):
     assert final["val_loss"] == r.val_loss and final["train_loss"] == r.train_loss
     ck = load_checkpoint(tmp_path / "ckpt.npz")
     assert ck.step == 6 and ck.config == r.config
-    assert TrainConfig.from_dict(ck.train) == TINY
+    assert TrainConfig.from_dict(ck.train) == TINY and ck.train == TINY.to_dict()
     for k in r.params:
         np.testing.assert_array_equal(ck.params[k], r.params[k])
 
 
 def test_resume_is_bit_identical_to_one_run(tmp_path):
     one = _run(TINY, tmp_path / "one")
-    _run(replace(TINY, steps=3), tmp_path / "two")
+    _run(TINY.with_settings(steps=3), tmp_path / "two")
     two = _run(TINY, tmp_path / "two", resume=tmp_path / "two" / "ckpt.npz")
     a, b = load_checkpoint(tmp_path / "one"), load_checkpoint(tmp_path / "two")
     assert a.step == b.step == 6
@@ -112,7 +140,7 @@ def test_resume_is_bit_identical_to_one_run(tmp_path):
 
 
 def test_resume_after_a_crash_mid_log_line(tmp_path):
-    _run(replace(TINY, steps=3), tmp_path)
+    _run(TINY.with_settings(steps=3), tmp_path)
     log = tmp_path / "log.jsonl"
     log.write_text(log.read_text() + '{"event": "train", "step": 3, "lo')  # killed mid-write
     assert read_log(log)[-1]["step"] == 3 and read_log(log)[-1]["event"] == "eval"
@@ -122,35 +150,35 @@ def test_resume_after_a_crash_mid_log_line(tmp_path):
 
 
 def test_a_different_seed_gives_a_different_run(tmp_path):
-    a = _run(replace(TINY, steps=2), tmp_path / "a")
-    b = _run(replace(TINY, steps=2, seed=7), tmp_path / "b")
+    a = _run(TINY.with_settings(steps=2), tmp_path / "a")
+    b = _run(TINY.with_settings(steps=2, seed=7), tmp_path / "b")
     assert not np.array_equal(a.params["wq"], b.params["wq"])
 
 
 def test_existing_run_is_not_overwritten_by_accident(tmp_path):
-    _run(replace(TINY, steps=1), tmp_path)
+    _run(TINY.with_settings(steps=1), tmp_path)
     before = (tmp_path / "ckpt.npz").read_bytes()
     with pytest.raises(ValueError, match="already holds a run"):
-        _run(replace(TINY, steps=1), tmp_path)
+        _run(TINY.with_settings(steps=1), tmp_path)
     assert (tmp_path / "ckpt.npz").read_bytes() == before
-    _run(replace(TINY, steps=2), tmp_path, overwrite=True)
+    _run(TINY.with_settings(steps=2), tmp_path, overwrite=True)
     assert load_checkpoint(tmp_path).step == 2
 
 
 def test_resume_checks_config_and_steps(tmp_path):
-    _run(replace(TINY, steps=2), tmp_path)
+    _run(TINY.with_settings(steps=2), tmp_path)
     with pytest.raises(ValueError, match="another model config.*n_embd: 64 in the checkpoint, 32"):
-        _run(replace(TINY, n_embd=32), tmp_path, resume=tmp_path)
+        _run(TINY.with_settings(n_embd=32), tmp_path, resume=tmp_path)
     with pytest.raises(ValueError, match="already at step 2"):
-        _run(replace(TINY, steps=2), tmp_path, resume=tmp_path)
+        _run(TINY.with_settings(steps=2), tmp_path, resume=tmp_path)
 
 
 def test_threads_share_the_batch_and_train_the_same_model(tmp_path):
     """threads=3 (16 windows: shards of 5, 5 and 6) against one thread: the same run up to
     float32 rounding, and the same bits every time it is repeated."""
-    one = _run(replace(TINY, threads=1), tmp_path / "one")
-    three = _run(replace(TINY, threads=3), tmp_path / "three")
-    again = _run(replace(TINY, threads=3), tmp_path / "again")
+    one = _run(TINY.with_settings(threads=1), tmp_path / "one")
+    three = _run(TINY.with_settings(threads=3), tmp_path / "three")
+    again = _run(TINY.with_settings(threads=3), tmp_path / "again")
     assert three.val_loss == pytest.approx(one.val_loss, abs=1e-5)
     for k in one.params:
         np.testing.assert_allclose(three.params[k], one.params[k], atol=1e-5, err_msg=k)
@@ -161,8 +189,8 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, mon
     real = threads_mod.loss_and_grads  # what the trainer's gradient function calls
     calls = {"n": 0}
 
-    def flaky(params, cfg, x, y):
-        loss, grads = real(params, cfg, x, y)
+    def flaky(params, cfg, x, y, **kw):
+        loss, grads = real(params, cfg, x, y, **kw)
         calls["n"] += 1
         return (math.nan if calls["n"] == 5 else loss), grads  # the 5th update is step 4
 
@@ -180,8 +208,8 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, mon
 def test_infinite_gradient_stops_the_run(tmp_path, monkeypatch):
     real = threads_mod.loss_and_grads
 
-    def inf_grad(params, cfg, x, y):
-        loss, grads = real(params, cfg, x, y)
+    def inf_grad(params, cfg, x, y, **kw):
+        loss, grads = real(params, cfg, x, y, **kw)
         grads["w1"][0, 0, 0] = np.inf
         return loss, grads
 
@@ -208,7 +236,7 @@ def _golden_trace(tc, out):
             "val_loss": [x["val_loss"] for x in records if x["event"] == "eval"]}
 
 
-GOLDEN_RUN = replace(SMALL, steps=60, eval_every=30, eval_batches=4)
+GOLDEN_RUN = SMALL.with_settings(steps=60, eval_every=30, eval_batches=4)
 
 
 def _max_gap(a, b):
@@ -235,7 +263,7 @@ def test_golden_loss_curve_of_the_small_preset(tmp_path):
     # training works: the loss falls well below its start, log(76) = 4.33
     assert want["val_loss"][0] > 4.3 and want["val_loss"][-1] < 2.8
     # the tolerance is tight enough to notice a recipe without weight decay
-    other = _golden_trace(replace(GOLDEN_RUN, weight_decay=0.0), tmp_path / "no_decay")
+    other = _golden_trace(GOLDEN_RUN.with_settings(weight_decay=0.0), tmp_path / "no_decay")
     assert _max_gap(other, want) > GOLDEN_ATOL
 
 
@@ -288,19 +316,121 @@ def test_sample_text_errors_name_the_problem():
 
 def test_recompute_trains_bit_for_bit_like_the_plain_run(tmp_path):
     """TrainConfig.recompute keeps less memory and changes no number of the run."""
-    plain = _run(replace(TINY, steps=3), tmp_path / "plain")
-    again = _run(replace(TINY, steps=3, recompute=True), tmp_path / "recompute")
+    plain = _run(TINY.with_settings(steps=3), tmp_path / "plain")
+    again = _run(TINY.with_settings(steps=3, recompute=True), tmp_path / "recompute")
     for k in plain.params:
         np.testing.assert_array_equal(again.params[k], plain.params[k])
 
 
 def test_flash_attention_trains_like_the_plain_run(tmp_path):
     """TrainConfig.attention = "flash" follows the plain run to float32 rounding."""
-    plain = _run(replace(TINY, steps=3), tmp_path / "plain")
-    flash = _run(replace(TINY, steps=3, attention="flash", flash_block=8), tmp_path / "flash")
+    plain = _run(TINY.with_settings(steps=3), tmp_path / "plain")
+    flash = _run(TINY.with_settings(steps=3, attention="flash", flash_block=8), tmp_path / "flash")
     assert flash.config.attention == "flash" and plain.config.attention == "plain"
     for k in plain.params:
         np.testing.assert_allclose(flash.params[k], plain.params[k], rtol=0, atol=1e-5)
     assert abs(flash.val_loss - plain.val_loss) < 1e-4
     with pytest.raises(ValueError, match="attention"):
-        replace(TINY, attention="fast")
+        TINY.with_settings(attention="fast")
+
+
+# ---------------------------------------------------------------- the log never blocks a resume
+
+
+@pytest.mark.parametrize("bad, why", [
+    (b'\xff\xfe{"event": "train"}', "not UTF-8"),
+    (b"garbage", "not JSON"),
+    (b'{"event": "train", "loss": 1.0}', "no step"),
+    (b'{"event": "train", "step": 1}', "no loss"),
+    (b'{"step": 1}', "no event"),
+    (b"[1, 2]", "not a JSON record"),
+])
+def test_a_damaged_log_line_is_dropped_with_a_warning_and_the_resume_goes_on(
+        tmp_path, capsys, bad, why):
+    _run(TINY.with_settings(steps=3), tmp_path)
+    log = tmp_path / "log.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    original = b"".join(lines[:2]) + bad + b"\n" + b"".join(lines[2:])
+    log.write_bytes(original)
+    capsys.readouterr()
+    _run(TINY, tmp_path, resume=tmp_path)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0] == (
+        f"xenith-edu: warning: log '{log}' is damaged (1 line(s) dropped, line 3: {why}); the "
+        "original is kept as 'log.jsonl.damaged', the run resumes from its checkpoint")
+    assert (tmp_path / "log.jsonl.damaged").read_bytes() == original
+    assert [x["step"] for x in read_log(log) if x["event"] == "train"] == list(range(6))
+    assert load_checkpoint(tmp_path).step == 6
+
+
+def test_read_log_notes_each_damaged_line_but_not_a_last_line_cut_short(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(b'{"event": "start", "step": 0}\n\xff\n{"event": "eval", "step": 0, '
+                    b'"val_loss": 4.2}\n{"event": "train", "st')
+    damaged = []
+    assert [r["event"] for r in read_log(log, damaged)] == ["start", "eval"]
+    assert damaged == ["line 2: not UTF-8"]
+
+
+def test_an_unreadable_log_is_set_aside_and_a_new_one_begins(tmp_path, capsys):
+    _run(TINY.with_settings(steps=3), tmp_path)
+    log = tmp_path / "log.jsonl"
+    log.unlink()
+    log.mkdir()  # not a file at all
+    _run(TINY, tmp_path, resume=tmp_path)
+    assert "is damaged (1 line(s) dropped, unreadable (Is a directory))" in capsys.readouterr().err
+    assert (tmp_path / "log.jsonl.damaged").is_dir()
+    assert [x["step"] for x in read_log(log) if x["event"] == "train"] == [3, 4, 5]
+
+
+def test_disk_full_names_the_folder_and_the_checkpoint_kept(tmp_path, monkeypatch):
+    import xenith_edu.training.runlog as runlog
+    real, calls = runlog.save_checkpoint, []
+
+    def full(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device", str(args[0]))
+        real(*args, **kw)
+
+    monkeypatch.setattr(runlog, "save_checkpoint", full)
+    with pytest.raises(OSError) as e:
+        _run(TINY, tmp_path)
+    ckpt = tmp_path / "ckpt.npz"
+    assert str(e.value) == (
+        f"cannot write the checkpoint of step 6 into '{tmp_path}' (No space left on device): "
+        f"the last good checkpoint is {ckpt} (step 3); free some space (or make the folder "
+        "writable) and resume")
+    assert load_checkpoint(ckpt).step == 3
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_train_step_passes_the_runs_recompute_choice_down(recompute):
+    """The one place the choice is read: train_step gives it to the gradient function."""
+    from xenith_edu.training import train_step
+    cfg = Config(vocab_size=9, n_embd=16, n_head=2, n_layer=1, ffn_hidden=24, seq_len=8)
+    params = init_params(cfg, 0, np.float32)
+    m, v = ({k: np.zeros_like(p) for k, p in params.items()} for _ in range(2))
+    seen = []
+
+    def grads_fn(params, cfg, x, y, **kw):
+        seen.append(kw)
+        from xenith_edu import loss_and_grads
+        return loss_and_grads(params, cfg, x, y, **kw)
+
+    x = np.random.default_rng(0).integers(0, 9, (2, 8))
+    tc = TINY.with_settings(recompute=recompute)
+    train_step(params, m, v, 0, 1e-3, cfg, tc, x, x, grads_fn)
+    assert seen == [{"recompute": recompute}]
+
+
+def test_evaluate_sums_float32_losses_in_float64():
+    cfg = Config(vocab_size=9, n_embd=16, n_head=2, n_layer=1, ffn_hidden=24, seq_len=8)
+    params = init_params(cfg, 0, np.float32)
+    rng = np.random.default_rng(1)
+    x, y = rng.integers(0, 9, (60, 8)), rng.integers(0, 9, (60, 8))
+    from xenith_edu import forward
+    losses = per_token_loss(forward(params, cfg, x)[0], y)  # float32, (60, 8)
+    assert losses.dtype == np.float32
+    want = losses.astype(np.float64).sum() / y.size
+    assert evaluate(params, cfg, x, y, chunk=7) == pytest.approx(want, rel=1e-12, abs=0)

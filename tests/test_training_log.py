@@ -9,7 +9,7 @@ the optimizer, the data pipeline or the recipe that would make the shipped figur
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +75,7 @@ def test_first_steps_rerun_match_the_shipped_log(shipped, tmp_path):
     # and the rerun's start record differs from the shipped one only where we changed it;
     # settings added since the shipped run take their defaults, which that run used
     config = read_log(tmp_path / "rerun" / LOG)[0]["config"]
-    assert config == asdict(short)
-    was = asdict(TrainConfig.from_dict(shipped[0]["config"]))
+    assert config == short.to_dict()
+    was = TrainConfig.from_dict(shipped[0]["config"]).to_dict()
     assert set(shipped[0]["config"]) <= set(was) == set(config)
     assert {k for k in config if config[k] != was[k]} <= {"steps", "eval_batches"}

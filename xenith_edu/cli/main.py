@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -23,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (what is wrong, where to read more)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def _number(convert: type, least: float, strict: bool, what: str):
@@ -216,7 +218,27 @@ def _default_prompt(vocab: str) -> str:
     return "\n" if "\n" in vocab or not vocab else vocab[0]  # a BPE run has no vocab string
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, a Slurm time limit, `docker stop`), raised where Ctrl-C raises
+    KeyboardInterrupt: the same clean stop (the last checkpoint intact, no temporary file left),
+    then the conventional exit status 128 + 15."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
+    if threading.current_thread() is not threading.main_thread():
+        return _train(args)  # only the main thread can take a signal
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _train(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _train(args: argparse.Namespace) -> int:
     from ..model.generate import sample_text  # when the command runs: --help stays fast
     from ..tools.perf import keep_freed_memory  # when the command runs: --help stays fast
     from ..training import train  # when the command runs: --help stays fast
@@ -350,17 +372,19 @@ def _cmd_grade_merge(args: argparse.Namespace) -> int:
 
 
 def _status(e: BaseException) -> int:
-    """The exit status for error `e`: 2 for a usage error (as argparse's), 130 for Ctrl-C."""
+    """The exit status for error `e`: 2 for a usage error (as argparse's), 130 for Ctrl-C,
+    143 for SIGTERM (128 + the signal's number, as a shell reports a process it ended)."""
     if isinstance(e, KeyboardInterrupt):
-        return 130
+        return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
     return 2 if isinstance(e, settings.UsageError) else 1
 
 
 def _report(command: str, e: BaseException) -> int:
     """Print the one line of error `e` on stderr; return its exit status."""
-    if isinstance(e, KeyboardInterrupt):
-        print(f"{PROG} {command}: interrupted; the last checkpoint (if any) is intact",
-              file=sys.stderr)
+    if isinstance(e, KeyboardInterrupt):  # the trainer's message names the checkpoint kept
+        kept = one_line(e) if str(e) else "the last checkpoint (if any) is intact"
+        how = "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted"
+        print(f"{PROG} {command}: {how}; {kept}", file=sys.stderr)
     else:
         see = f" (see {PROG} {command} --help)" if isinstance(e, settings.UsageError) else ""
         print(f"{PROG} {command}: error: {one_line(e)}{see}", file=sys.stderr)

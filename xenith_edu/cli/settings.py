@@ -1,5 +1,5 @@
-"""The training settings on the command line: one option per `TrainConfig` field, made from the
-dataclass itself, and `--set name=value`, checked against it.
+"""The training settings on the command line: one option per setting of `TrainConfig` and of
+the model's `Config` it nests, made from the two dataclasses, and `--set name=value`, checked.
 
 An option overrides the preset (or, with --resume, the checkpoint's settings). A wrong name or
 value is a `UsageError`: the command line prints it as one line that names the setting.
@@ -11,29 +11,38 @@ import argparse
 import difflib
 import types
 import typing
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from ..model import Config
+from ..training import PRESETS, TrainConfig
+from ..training.checkpoint import load_checkpoint
+from ..training.config import model_fields, model_help
 
 
 class UsageError(ValueError):
     """A setting the command line cannot use: unknown name, bad value, given twice."""
 
 
-def _kinds() -> dict[str, type]:
-    """Each TrainConfig field's kind: int, float, bool, str, or Path for an optional file name."""
-    from ..training import TrainConfig  # when the options are built
+def _settings() -> list[tuple[str, str, str]]:
+    """(name, group, help) of every setting: the model's (Config but vocab_size), then the run's."""
+    model = [(f.name, "model", model_help(f.name)) for f in model_fields()]
+    return model + [(f.name, f.metadata["group"], f.metadata["help"]) for f in fields(TrainConfig)
+                    if f.name != "model"]
 
+
+def _kinds() -> dict[str, type]:
+    """Each setting's kind: int, float, bool, str, or Path for an optional file name."""
+    hints = {**typing.get_type_hints(Config), **typing.get_type_hints(TrainConfig)}
     kinds = {}
-    for name, hint in typing.get_type_hints(TrainConfig).items():
+    for name, _, _ in _settings():
+        hint = hints[name]
         args = set(typing.get_args(hint)) - {type(None)}
         if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
             hint = Path if args == {str} else args.pop()  # str | None: a file, or the default
         kinds[name] = hint
     return kinds
-
 
 _WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "Path": "a file name",
           "str": "a word"}
@@ -66,26 +75,23 @@ def _argtype(name: str, kind: type):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """One option per TrainConfig field (`--n-layer`, `--lr`, ...), in groups, with its help."""
-    from ..training import PRESETS, TrainConfig  # when the options are built
-
+    """One option per setting (`--n-layer`, `--lr`, ...), in groups, with its help."""
     kinds, groups = _kinds(), {}
-    for f in fields(TrainConfig):
-        group = f.metadata["group"]
+    for name, group, text in _settings():
         if group not in groups:
             groups[group] = p.add_argument_group(f"{group} settings")
-        values = {n: _show(getattr(tc, f.name)) for n, tc in PRESETS.items()}
+        values = {n: _show(getattr(tc, name)) for n, tc in PRESETS.items()}
         shown = (f"default {values['book']}" if len(set(values.values())) == 1 else
                  ", ".join(f"{n}: {x}" for n, x in values.items()))
-        help = f"{f.metadata['help']} ({shown})"
-        flag, kind = "--" + f.name.replace("_", "-"), kinds[f.name]
+        help = f"{text} ({shown})"
+        flag, kind = "--" + name.replace("_", "-"), kinds[name]
         if kind is bool:
-            groups[group].add_argument(flag, dest=f"set_{f.name}", default=None, help=help,
+            groups[group].add_argument(flag, dest=f"set_{name}", default=None, help=help,
                                        action=argparse.BooleanOptionalAction)
         else:
             metavar = {int: "N", float: "X", Path: "FILE", str: "NAME"}[kind]
-            groups[group].add_argument(flag, dest=f"set_{f.name}", default=None, help=help,
-                                       type=_argtype(f.name, kind), metavar=metavar)
+            groups[group].add_argument(flag, dest=f"set_{name}", default=None, help=help,
+                                       type=_argtype(name, kind), metavar=metavar)
 
 
 def _show(value: Any) -> str:
@@ -124,43 +130,39 @@ def _unknown(name: str, known: list[str]) -> str:
     return f"unknown setting '{name}': {hint}the settings are {', '.join(known)}"
 
 
-def build(base: Any, given: dict[str, Any]) -> Any:
-    """`base` (a TrainConfig) with the settings `given`; UsageError naming a bad value."""
+def build(base: TrainConfig, given: dict[str, Any]) -> TrainConfig:
+    """`base` with the settings `given`; UsageError naming a bad value."""
     try:
-        return replace(base, **given)
+        return base.with_settings(**given)
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
 
 
-def train_config(args: argparse.Namespace) -> tuple[Any, str | Path]:
-    """The TrainConfig and the run directory of `xenith-edu train` with these arguments."""
-    from ..training import PRESETS, TrainConfig  # when the options are built
-    from ..training.checkpoint import config_mismatch, load_checkpoint  # when the options are built
+def train_config(args: argparse.Namespace) -> tuple[TrainConfig, str | Path]:
+    """The TrainConfig and the run directory of `xenith-edu train` with these arguments.
 
+    With --resume: the checkpoint's settings, then --preset's model, then the options; whether
+    they can continue that run is the trainer's one resume check (`runlog.check_resume`).
+    """
     given = overrides(args)
     if args.resume is None:
         preset = args.preset or "book"
         return build(PRESETS[preset], given), args.out or str(Path("runs") / preset)
-    ckpt = load_checkpoint(args.resume)
-    base = TrainConfig.from_dict(ckpt.train)
+    base = _saved_settings(args.resume)
     if args.preset is not None:
-        want = PRESETS[args.preset].model_config(ckpt.config.vocab_size)
-        if want != ckpt.config:
-            raise ValueError(f"checkpoint '{args.resume}' is from another model config than "
-                             f"--preset {args.preset} ({config_mismatch(ckpt.config, want)}): "
-                             "drop --preset to resume it, or start a new run with --out")
-    if given.get("seed", base.seed) != base.seed:
-        raise ValueError(f"--seed {given['seed']} differs from the checkpoint's seed {base.seed}: "
-                         "a resumed run keeps its seed; drop --seed")
-    steps = given.get("steps")
-    if steps is None and ckpt.step >= base.steps:
-        raise ValueError(f"checkpoint '{args.resume}' finished its {base.steps} steps: pass "
-                         f"--steps greater than {ckpt.step} to train further")
-    if steps is not None and steps <= ckpt.step:
-        raise ValueError(f"checkpoint '{args.resume}' is already at step {ckpt.step}: pass "
-                         f"--steps greater than {ckpt.step} to train further")
+        base = base.with_settings(model=PRESETS[args.preset].model)
     resume = Path(args.resume)
     return build(base, given), args.out or (resume if resume.is_dir() else resume.parent)
+
+
+def _saved_settings(resume: str) -> TrainConfig:
+    """The settings a checkpoint was trained with; ValueError naming the file if unreadable."""
+    ckpt = load_checkpoint(resume)
+    try:
+        return TrainConfig.from_dict(ckpt.train)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"checkpoint '{resume}' has training settings this version cannot read "
+                         f"({e}): start a new run with --out") from None
 
 
 __all__ = ["UsageError", "add_arguments", "build", "convert", "overrides", "train_config"]

@@ -3,24 +3,35 @@
 
 One .npz file, written atomically (temporary file, then rename), read with allow_pickle=False
 and checked on load, so that a resumed run continues bit for bit where the saved one stopped.
+A damaged file is refused with one ValueError naming it: every array's size is checked against
+the file before it is allocated, and every array against the checksum its metadata records.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import struct
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..model import CharTokenizer, Config, param_shapes, tokenizer_of
-from ..tools.util import atomic_write
+from ..tools.util import atomic_write, one_line
 
 FORMAT = "xenith-edu checkpoint 1"
 GROUPS = ("params", "m", "v")  # parameters, AdamW first and second moments
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM")  # the generators whose state is plain JSON
 _AGAIN = "use a checkpoint written by `xenith-edu train`"
+_INTACT = "use an intact checkpoint or train again"
+# what the zip and .npy readers raise on a damaged file: a bad directory or CRC, a compression
+# method or an "encrypted" flag that bits flipped into, an empty member, a garbled header
+_ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError,
+               AttributeError, MemoryError, ValueError, TypeError, OSError, EOFError, KeyError,
+               IndexError, OverflowError, struct.error, zlib.error)
 
 
 @dataclass
@@ -88,6 +99,8 @@ def save_checkpoint(
     if name not in _BIT_GENERATORS:
         raise ValueError(f"rng uses the bit generator {name}, whose state is not plain JSON: "
                          f"use one of {_BIT_GENERATORS}, e.g. np.random.default_rng(seed)")
+    arrays = {f"{group}/{k}": np.ascontiguousarray(a)
+              for group, d in zip(GROUPS, (params, m, v), strict=True) for k, a in d.items()}
     meta = {
         "format": FORMAT,
         "step": int(step),
@@ -95,14 +108,17 @@ def save_checkpoint(
         "vocab": vocab,
         "rng_state": rng.bit_generator.state,
         "train": train or {},
+        "checksums": {k: checksum(a) for k, a in arrays.items()},  # verified by load_checkpoint
     }
     if tokenizer_spec is not None:
         meta["tokenizer"] = tokenizer_spec
-    arrays = {"meta": np.array(json.dumps(meta))}  # a 0-d unicode array: no pickle needed
-    for group, d in zip(GROUPS, (params, m, v), strict=True):
-        for k, a in d.items():
-            arrays[f"{group}/{k}"] = a
+    arrays["meta"] = np.array(json.dumps(meta))  # a 0-d unicode array: no pickle needed
     atomic_write(path, lambda f: np.savez(f, **arrays))
+
+
+def checksum(a: np.ndarray) -> str:
+    """The CRC-32 of an array's bytes in C order, as 8 hex digits (what the metadata records)."""
+    return f"{zlib.crc32(memoryview(np.ascontiguousarray(a)).cast('B')):08x}"
 
 
 def config_mismatch(have: Config, want: Config) -> str:
@@ -131,23 +147,60 @@ def load_checkpoint(path: str | Path, config: Config | None = None) -> Checkpoin
                          "(or its directory)")
     unreadable = "is truncated or is not a xenith-edu checkpoint"
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}  # reading every member checks its CRC
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise _bad(path, f"{unreadable} ({reason}): use an intact checkpoint or train "
-                         "again") from e
+        arrays = read_npz(path)
+    except _ZIP_ERRORS as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else one_line(e)
+        raise _bad(path, f"{unreadable} ({reason}): {_INTACT}") from None
     if "meta" not in arrays:
         raise _bad(path, f"{unreadable} (no metadata): {_AGAIN}")
     meta = _read_meta(path, arrays.pop("meta"))
     stored = meta["config"]
     _check_arrays(path, arrays, param_shapes(stored))
+    _check_sums(path, arrays, meta.get("checksums"))
     if config is not None and config != stored:
         raise _bad(path, f"is from another model config ({config_mismatch(stored, config)}): "
                          "resume with the settings it was trained with, or start a new run")
     groups = {g: {k: arrays[f"{g}/{k}"] for k in param_shapes(stored)} for g in GROUPS}
     return Checkpoint(groups["params"], groups["m"], groups["v"], meta["step"], stored,
                       meta["vocab"], meta["rng_state"], meta["train"], meta.get("tokenizer"))
+
+
+def read_npz(path: Path) -> dict[str, np.ndarray]:
+    """Every array of the .npz file `path`, by name, allocated only once the file is known to
+    hold its bytes. Raises one of _ZIP_ERRORS (ValueError for what the zip reader accepts)."""
+    limit, arrays = path.stat().st_size, {}
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            name = info.filename.removesuffix(".npy")
+            if name == info.filename or name in arrays:
+                raise ValueError(f"member '{info.filename}' is not one array of the file")
+            if info.compress_type != zipfile.ZIP_STORED or info.file_size > limit:
+                raise ValueError(f"member '{info.filename}' claims {info.file_size} bytes, "
+                                 "compressed or more than the file holds")
+            with z.open(info) as f:
+                arrays[name] = _read_npy(f, info.file_size, info.filename)
+    return arrays
+
+
+def _read_npy(f, size: int, name: str) -> np.ndarray:
+    """The array of .npy member `f` of `size` bytes: its header's claim checked before it is
+    allocated, its bytes read to the end (which checks the zip CRC)."""
+    version = np.lib.format.read_magic(f)
+    if version not in ((1, 0), (2, 0)):
+        raise ValueError(f"member '{name}' has .npy version {version}")
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0) else
+                   np.lib.format.read_array_header_2_0)
+    shape, fortran, dtype = read_header(f)
+    if dtype.hasobject:
+        raise ValueError(f"member '{name}' holds Python objects, which are never loaded")
+    n_bytes = math.prod(shape) * dtype.itemsize
+    if n_bytes != size - f.tell():
+        raise ValueError(f"member '{name}' claims shape {shape} of {dtype}, {n_bytes} bytes, "
+                         f"but holds {size - f.tell()}")
+    buf = bytearray(n_bytes)  # at most the file's size: checked above
+    if f.readinto(buf) != n_bytes or f.read(1):
+        raise ValueError(f"member '{name}' is cut short")
+    return np.frombuffer(buf, dtype).reshape(shape, order="F" if fortran else "C")
 
 
 def _read_meta(path: Path, raw: np.ndarray) -> dict:
@@ -233,3 +286,16 @@ def _check_arrays(path: Path, arrays: dict[str, np.ndarray], shapes: dict[str, t
     bad = [k for k in shapes if not np.isfinite(arrays[f"params/{k}"]).all()]
     if bad:
         raise _bad(path, f"has non-finite parameters {bad[:4]}: use an earlier checkpoint")
+
+
+def _check_sums(path: Path, arrays: dict[str, np.ndarray], sums: object) -> None:
+    """Every array matches the checksum its metadata records (a file older than the checksums
+    records none, and is read as before)."""
+    if sums is None:
+        return
+    if not isinstance(sums, dict) or set(sums) != set(arrays):
+        raise _bad(path, f"has damaged checksums in its metadata: {_INTACT}")
+    bad = sorted(k for k, a in arrays.items() if sums[k] != checksum(a))
+    if bad:
+        raise _bad(path, f"has arrays {bad[:4]} that do not match their checksums (flipped bits "
+                         f"in the file): {_INTACT}")

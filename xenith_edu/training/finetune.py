@@ -7,7 +7,7 @@ run takes from the checkpoint it starts from.
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,7 @@ from .config import TrainConfig
 # attention kernel, recompute) are the run's own: a shorter context than the model's is fine.
 MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "ffn_hidden", "tie_embeddings", "rope_theta",
                 "norm_eps")
+RUN_OWN = ("seq_len", "attention", "flash_block")  # the model settings that stay the run's
 
 
 def load_init(init: str | Path) -> Checkpoint:
@@ -33,8 +34,7 @@ def load_init(init: str | Path) -> Checkpoint:
 
 def adopt_model(tc: TrainConfig, cfg: Config) -> TrainConfig:
     """`tc` with the model settings of `cfg`, the model a fine-tuning run starts from."""
-    own = {f.name for f in fields(TrainConfig)}
-    return replace(tc, **{k: getattr(cfg, k) for k in MODEL_FIELDS if k in own})
+    return replace(tc, model=replace(tc.model, **{k: getattr(cfg, k) for k in MODEL_FIELDS}))
 
 
 def run_config(tc: TrainConfig, vocab_size: int, ckpt: Checkpoint | None) -> Config:
@@ -47,9 +47,8 @@ def run_config(tc: TrainConfig, vocab_size: int, ckpt: Checkpoint | None) -> Con
     if ckpt is None:
         return tc.model_config(vocab_size)
     cfg = tc.model_config(ckpt.config.vocab_size)
-    own = {f.name for f in fields(TrainConfig)}
     carried = {k: v for k, v in ckpt.config.to_dict().items()
-               if k not in own and k != "vocab_size"}
+               if k not in (*MODEL_FIELDS, *RUN_OWN, "vocab_size")}
     context = ckpt.config.seq_len
     if ckpt.train.get("seq_len") != context and tc.seq_len <= context:
         carried["seq_len"] = context  # the windows are tc.seq_len; the model keeps its context

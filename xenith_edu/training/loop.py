@@ -2,7 +2,7 @@
 
 nanoGPT's order: config, data, model, optimizer, then one loop (learning rate, evaluation and
 checkpoint, forward, backward, clip, step, log). The training chapter walks through it; the
-run directory's files are `xenith_edu.runlog`'s, the data-parallel ranks `xenith_edu.parallel`'s.
+run directory's files are `runlog`'s, the data-parallel ranks `parallel`'s.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .config import TrainConfig
 from .data import get_batch, load_text, prepare_data
 from .finetune import check_init, init_state, load_init, run_config
 from .optim import lr_at, zeros_like_params
+from .rundir import FolderLock, remove_stale_temps
 from .runlog import (
     RunLog,
     check_resume,
@@ -37,7 +38,6 @@ if TYPE_CHECKING:  # parallel.py imports mpi4py, which a single-process run neve
     from .parallel import DataParallel
 
 # Shape legend: B batch, S positions (seq_len), E evaluation windows, V vocab.
-
 
 
 @dataclass
@@ -61,8 +61,9 @@ def load_data(tc: TrainConfig, ckpt: Checkpoint | None,
               resume: str | Path | None) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
     """The tokenizer (the checkpoint's, when resuming or fine-tuning) and the training and
     validation ids."""
+    text = load_text(tc.text)  # its errors name the file
     try:
-        return prepare_data(load_text(tc.text), tc.seq_len, ckpt.tokenizer() if ckpt else None)
+        return prepare_data(text, tc.seq_len, ckpt.tokenizer() if ckpt else None)
     except ValueError as e:
         source = "the shipped text" if tc.text is None else f"text file '{tc.text}'"
         fit = f" does not fit checkpoint '{resume}'" if ckpt else ""
@@ -85,7 +86,7 @@ def data_and_model(tc: TrainConfig, ckpt: Checkpoint | None, resume: str | Path 
     tokenizer, train_ids, val_ids = load_data(tc, ckpt or base, resume or init)
     cfg = run_config(tc, tokenizer.vocab_size, ckpt or base)
     if ckpt is not None:
-        check_resume(ckpt, resume, cfg, tc.steps)
+        check_resume(ckpt, resume, cfg, tc)  # the model, the seed, the steps
     if base is not None:
         check_init(init, base, cfg, tc)
     return tokenizer, train_ids, val_ids, cfg
@@ -133,24 +134,43 @@ def train(
     `resume`: a checkpoint to continue from, up to `tc.steps` updates in total. `progress`: a
     tqdm bar (None: only on a terminal). `ranks`: the processes of a data-parallel run
     (`xenith_edu.parallel`), of which rank 0 alone writes. Raises ValueError for bad input
-    before any file is written, and TrainingDiverged (leaving the last good checkpoint intact)
-    if the loss stops being finite. `init`: a checkpoint to fine-tune (see `finetune`).
+    before any file is written (and if another trainer holds the folder's lock), and
+    TrainingDiverged (leaving the last good checkpoint intact) if the loss stops being finite;
+    an interruption (KeyboardInterrupt) says which checkpoint it leaves. `init`: a checkpoint
+    to fine-tune (see `finetune`).
     """
     t_start = time.perf_counter()
     if not isinstance(tc, TrainConfig):  # config and run directory
         raise TypeError(f"tc must be a TrainConfig, got {type(tc).__name__}")
+    write = ranks is None or ranks.is_root  # rank 0 alone writes, and holds the folder's lock
+    lock = FolderLock(Path(out_dir)) if write else None
+    if lock is not None:
+        lock.acquire()  # a second trainer on this folder stops here
+    try:
+        return _train(tc, out_dir, resume, overwrite, init, progress, verbose, ranks, t_start)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, overwrite: bool,
+           init: str | Path | None, progress: bool | None, verbose: bool,
+           ranks: DataParallel | None, t_start: float) -> TrainResult:
+    """`train`'s body, with the run folder locked."""
     out_dir, ckpt, base = checkpoints(out_dir, resume, overwrite, init)
     tokenizer, train_ids, val_ids, cfg = data_and_model(tc, ckpt, resume, base, init)
     if ranks is not None:
         ranks.ready(tc)  # every rank has passed the checks above
+    write = ranks is None or ranks.is_root
+    if write:
+        remove_stale_temps(out_dir)  # what a killed run left behind
     params, m, v, start, rng = (init_state(base, tc) if base is not None
                                 else initial_state(tc, cfg, ckpt))  # params, optimizer, batches
     windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)
-    workers = ranks or ThreadShards(tc.threads, tc.recompute)  # ranks, or threads, share a batch
+    workers = ranks or ThreadShards(tc.threads)  # ranks, or threads, share a batch
     evaluate_fn = ranks.evaluate if ranks else evaluate
     log = RunLog(out_dir, tc, cfg, tokenizer.vocab, start, resume, progress=progress,
-                 verbose=verbose, write=ranks is None or ranks.is_root,
-                 tokenizer_spec=getattr(tokenizer, "spec", None))
+                 verbose=verbose, write=write, tokenizer_spec=getattr(tokenizer, "spec", None))
     val_loss = train_loss = math.nan
     finished = False
     try:
@@ -172,6 +192,8 @@ def train(
         finished = True
     except TrainingDiverged as e:
         raise TrainingDiverged(f"{e}: training stopped; {log.kept()}", e.step) from None
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (the command line raises it as one)
+        raise type(e)(log.kept()) from None
     finally:
         log.close(finished)
     ms, comm_ms = log.ms_per_step()

@@ -9,13 +9,14 @@ all-reduce averages them, so that every rank takes the same AdamW step. Only ran
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
 import zlib
 from collections.abc import Callable
-from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -91,7 +92,7 @@ class DataParallel:
         self.status: Callable[[BaseException], int] = lambda e: 1  # an error's exit status
         self.comm_seconds = 0.0  # spent in (or waiting for) the gradient all-reduce
         self.last_progress = time.monotonic()
-        self.recompute = False  # the run's TrainConfig.recompute, set by `ready`
+        self.sentinel: Sentinel | None = None  # made by `run`, with every rank
 
     @classmethod
     def from_world(cls, overlap: bool = False, timeout: float = TIMEOUT) -> DataParallel:
@@ -116,7 +117,6 @@ class DataParallel:
             raise ValueError(f"batch_size {tc.batch_size} is not divisible by the {self.size} "
                              f"processes: choose a multiple of {self.size} (--batch-size) or "
                              "another number of processes (mpiexec -n)")
-        self.recompute = bool(tc.recompute)
         self._agree(None)
 
     def _agree(self, error: BaseException | None) -> tuple[int, int] | None:
@@ -139,19 +139,19 @@ class DataParallel:
 
     # ---------------------------------------------------------------- gradients and loss
 
-    def loss_and_grads(self, params: Params, cfg: Config, x: np.ndarray,
-                       y: np.ndarray) -> tuple[float, Params]:
+    def loss_and_grads(self, params: Params, cfg: Config, x: np.ndarray, y: np.ndarray,
+                       recompute: bool = False) -> tuple[float, Params]:
         """The mean loss and gradients of the global batch x, y (B, S), from this rank's shard.
 
         Each rank's loss and gradients are means over its B/K windows; the mean over the K
         ranks of these means is the mean over all B windows, the single-process figure.
+        `recompute` is the run's choice, which `train_step` passes (as to the model's own).
         """
         self.last_progress = time.monotonic()
         x, y = self.shard(x), self.shard(y)  # (B/K, S) each
         if self.overlap:
-            return self._overlapped(params, cfg, x, y)
-        grads_fn = partial(loss_and_grads, recompute=True) if self.recompute else loss_and_grads
-        loss, grads = grads_fn(params, cfg, x, y)  # this shard's mean loss and gradients
+            return self._overlapped(params, cfg, x, y, recompute)
+        loss, grads = loss_and_grads(params, cfg, x, y, recompute=recompute)  # of this shard
         t0 = time.perf_counter()
         flat = np.concatenate([g.ravel() for g in grads.values()])  # one message, not twelve
         self.comm.Allreduce(self.MPI.IN_PLACE, flat, op=self.MPI.SUM)  # the sum over ranks
@@ -167,8 +167,8 @@ class DataParallel:
         self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
         return float(buf[0] / self.size)
 
-    def _overlapped(self, params: Params, cfg: Config, x: np.ndarray,
-                    y: np.ndarray) -> tuple[float, Params]:
+    def _overlapped(self, params: Params, cfg: Config, x: np.ndarray, y: np.ndarray,
+                    recompute: bool) -> tuple[float, Params]:
         """The same figures, each layer's all-reduce started as soon as backward has its
         gradients: the communication of layer l overlaps the backward of layers l-1 ... 0."""
         MPI, pending = self.MPI, []  # (names, layer or None, buffer, request)
@@ -183,7 +183,7 @@ class DataParallel:
             MPI.Request.Testall([p[3] for p in pending])  # lets MPI move the earlier ones on
             self.comm_seconds += time.perf_counter() - t0
 
-        _, cache = forward(params, cfg, x, recompute=self.recompute)
+        _, cache = forward(params, cfg, x, recompute=recompute)
         loss, grads = backward(params, cfg, cache, y, on_layer=on_layer)
         t0 = time.perf_counter()
         rest = [k for k in grads if not PARAM[k].per_layer]  # embedding, final gain, head
@@ -226,6 +226,7 @@ class DataParallel:
         the line and returns the exit status, `status(e)` only returns it.
         """
         self.status = status
+        self.sentinel = Sentinel(self.comm)  # reports this rank's death, if it dies
         watchdog = threading.Thread(target=self._watch, daemon=True)
         self.last_progress, self.running = time.monotonic(), True
         watchdog.start()
@@ -245,6 +246,7 @@ class DataParallel:
             self._abort(e, report)
         finally:
             self.running = False
+            self.sentinel.close()  # this rank stops on purpose: nothing to report
 
     def _watch(self) -> None:
         limit = self.timeout + 4 * _ABORT_GRACE * self.rank  # rank 0 first: one line, not K
@@ -258,6 +260,8 @@ class DataParallel:
         if not isinstance(e, (ValueError, OSError, MemoryError, KeyboardInterrupt,
                               TimeoutError, RuntimeError)):
             traceback.print_exception(e)  # a bug: its traceback, then the line
+        if self.sentinel is not None:  # this rank reports: the others' sentinels stay quiet
+            self.sentinel.claim()
         code = report(RuntimeError(f"rank {self.rank} of {self.size}: {one_line(e)}; "
                                    "stopping every process"))
         sys.stdout.flush()
@@ -266,6 +270,66 @@ class DataParallel:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 2)  # MPI_Abort's own message would be a second line
         self.comm.Abort(code)
+
+
+# The sentinel: a small process that waits for its rank to end. A rank that ends on purpose
+# says so (one byte) first; if it ends without a word (killed, out of memory), the sentinel,
+# in a session of its own that the launcher's clean-up does not reach, prints the one line.
+# The first process of the job to end on a host claims a marker file there, so that the
+# ranks the launcher kills next stay silent (on one host, one line; across hosts, the first
+# death on each host is reported).
+_SENTINEL = r"""
+import os, sys, time
+said = sys.stdin.buffer.read()
+if said.endswith(b"!"):  # the rank reported an error itself, and claimed the marker
+    time.sleep(10)
+    os.unlink(sys.argv[2])
+if said:
+    sys.exit(0)
+try:
+    os.close(os.open(sys.argv[2], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+except OSError:
+    sys.exit(0)
+os.write(2, sys.argv[1].encode() + b"\n")
+time.sleep(10)  # the launcher kills the other ranks meanwhile: their sentinels find the marker
+os.unlink(sys.argv[2])
+"""
+
+
+class Sentinel:
+    """The watcher of one rank's end: see _SENTINEL. `close()` says this rank stops on purpose;
+    `claim()`, before this rank reports an error itself, keeps the other ranks' sentinels quiet.
+    """
+
+    def __init__(self, comm: Any) -> None:
+        rank, size = comm.Get_rank(), comm.Get_size()
+        self.marker = os.path.join(tempfile.gettempdir(),
+                                   f"xenith-edu-{comm.bcast(os.getpid())}.ended")
+        line = (f"xenith-edu train: error: rank {rank} of {size} died (killed, or out of "
+                "memory: see the launcher's message); the last checkpoint in the run folder is "
+                "intact: resume the run with --resume")
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-c", _SENTINEL, line, self.marker],
+                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                         start_new_session=True)
+        except OSError:
+            self.proc = None  # no sentinel: the launcher's message alone tells of a death
+
+    def claim(self) -> None:
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_WRONLY))
+        except OSError:
+            pass
+        self.close(b"!")  # its sentinel removes the marker, once the launcher is done
+
+    def close(self, word: bytes = b".") -> None:
+        if self.proc is not None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write(word)
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            self.proc.stdin = None
 
 
 def _unflatten(flat: np.ndarray, like: Any) -> list[np.ndarray]:

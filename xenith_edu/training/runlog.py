@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..model import Config
-from ..tools.util import atomic_write, atomic_write_text
+from ..tools.util import atomic_write, atomic_write_text, one_line
 from .checkpoint import Checkpoint, config_mismatch, load_checkpoint, save_checkpoint
 from .data import get_batch
 
@@ -47,15 +48,25 @@ def check_run_dir(out_dir: str | Path, resume: str | Path | None, overwrite: boo
     return out_dir
 
 
-def check_resume(ckpt: Checkpoint, resume: str | Path, cfg: Config, steps: int) -> None:
-    """A checkpoint can continue a run of model `cfg` up to `steps` updates: ValueError if not."""
+def check_resume(ckpt: Checkpoint, resume: str | Path, cfg: Config, tc: Any) -> None:
+    """The one check of a resume: checkpoint `ckpt` (read from `resume`) can continue the run of
+    model `cfg` with the settings `tc`, up to `tc.steps` updates. ValueError if not.
+
+    The model and the seed cannot change (the run would not be the one saved); the steps must
+    go beyond the checkpoint's. Any other setting may change.
+    """
     if ckpt.config != cfg:
         raise ValueError(f"checkpoint '{resume}' is from another model config "
                          f"({config_mismatch(ckpt.config, cfg)}): resume with the settings "
-                         "it was trained with, or start a new run")
-    if ckpt.step >= steps:
+                         "it was trained with (drop the model options and --preset), or start "
+                         "a new run with --out")
+    seed = ckpt.train.get("seed", tc.seed)
+    if tc.seed != seed:
+        raise ValueError(f"seed {tc.seed} differs from the checkpoint's seed {seed}: a resumed "
+                         "run keeps its seed; drop --seed")
+    if ckpt.step >= tc.steps:
         raise ValueError(f"checkpoint '{resume}' is already at step {ckpt.step}, and steps is "
-                         f"{steps}: ask for more steps to train further")
+                         f"{tc.steps}: pass --steps greater than {ckpt.step} to train further")
 
 
 def load_resume(resume: str | Path | None) -> Checkpoint | None:
@@ -73,19 +84,51 @@ def eval_windows(
     return val_x, val_y, train_x, train_y
 
 
-def read_log(path: str | Path) -> list[dict]:
-    """The records of a run's log (one JSON object per line).
+_NEEDS = {"train": "loss", "eval": "val_loss"}  # the figure each kind of record must carry
 
-    A line cut short (a run killed mid-write) is skipped.
+
+def read_log(path: str | Path, damaged: list[str] | None = None) -> list[dict]:
+    """The records of a run's log: one JSON object per line, each with an "event" and an
+    integer "step" (a "train" record with its "loss", an "eval" record with its "val_loss").
+
+    A damaged line is skipped: not UTF-8, not JSON, or a record without those fields. If
+    `damaged` is a list, a note on each ("line 7: not JSON") is appended to it, except for a
+    last line cut short without its newline (a run killed mid-write), which is no damage.
     """
     records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        record, why = _parse(raw)
+        if why is None:
+            records.append(record)
+        elif damaged is not None and n < len(lines):  # the last piece has no newline
+            damaged.append(f"line {n}: {why}")
     return records
+
+
+def _parse(raw: bytes) -> tuple[dict | None, str | None]:
+    """A log line's record, or None and what is wrong with it."""
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    except ValueError:  # JSONDecodeError, and numbers too long to convert
+        return None, "not JSON"
+    if not isinstance(record, dict):
+        return None, "not a JSON record"
+    step, event = record.get("step"), record.get("event")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return None, "no step"
+    if not isinstance(event, str):
+        return None, "no event"
+    need = _NEEDS.get(event)
+    figure = record.get(need) if need else 0.0
+    if isinstance(figure, bool) or not isinstance(figure, (int, float)):
+        return None, f"no {need}"
+    return record, None
 
 
 def plot_log(log_path: str | Path, png_path: str | Path) -> None:
@@ -139,7 +182,7 @@ class RunLog:
             out_dir.mkdir(parents=True, exist_ok=True)
             _keep_log_before(out_dir / LOG, start)
             self.file = open(out_dir / LOG, "a", encoding="utf-8")  # closed by close()
-        self.record(event="start", step=start, config=asdict(tc), vocab_size=cfg.vocab_size,
+        self.record(event="start", step=start, config=tc.to_dict(), vocab_size=cfg.vocab_size,
                     resumed_from=None if resume is None else str(resume))
         self.bar = tqdm(total=tc.steps, initial=start, unit="step", leave=verbose,
                         disable=(not write) or (None if progress is None else not progress),
@@ -147,14 +190,20 @@ class RunLog:
 
     def record(self, **r: object) -> None:
         if self.file is not None:
-            self.file.write(json.dumps(r) + "\n")
+            try:
+                self.file.write(json.dumps(r) + "\n")
+            except OSError as e:
+                raise self.cannot_write(LOG, e) from None
 
     def eval(self, step: int, val_loss: float, train_loss: float | None = None) -> None:
         """An evaluation record, flushed to disk, and one line on the console."""
         extra = {} if train_loss is None else {"train_loss": train_loss}
         self.record(event="eval", step=step, val_loss=val_loss, **extra)
         if self.file is not None:
-            self.file.flush()
+            try:
+                self.file.flush()
+            except OSError as e:
+                raise self.cannot_write(LOG, e) from None
         self.echo(f"step {step:5d}: val loss {val_loss:.4f}"
                   + (f", train loss {train_loss:.4f}" if extra else ""))
 
@@ -163,9 +212,18 @@ class RunLog:
         """Params after `step` updates, the moments, and `rng` ready to draw batch `step`."""
         path = self.out_dir / CHECKPOINT
         if self.write:
-            save_checkpoint(path, params, m, v, step, rng, self.cfg, self.vocab, asdict(self.tc),
-                            self.tokenizer_spec)
+            try:
+                save_checkpoint(path, params, m, v, step, rng, self.cfg, self.vocab,
+                                self.tc.to_dict(), self.tokenizer_spec)
+            except OSError as e:  # disk full, a read-only folder: the last one is intact
+                raise self.cannot_write(f"the checkpoint of step {step}", e) from None
         self.last_ckpt = f"{path} (step {step})"
+
+    def cannot_write(self, what: str, e: OSError) -> OSError:
+        """The one line of a failed write: the folder, why, the checkpoint kept, what to do."""
+        why = e.strerror or one_line(e)
+        return OSError(f"cannot write {what} into '{self.out_dir}' ({why}): {self.kept()}; "
+                       "free some space (or make the folder writable) and resume")
 
     def train(self, step: int, loss: float, lr: float, norm: float, seconds: float,
               comm_seconds: float | None = None) -> None:
@@ -195,7 +253,11 @@ class RunLog:
         self.bar.close()
         if self.file is None:
             return
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError as e:  # the disk filled up: it counts only if nothing else went wrong
+            if finished:
+                raise self.cannot_write(LOG, e) from None
         try:
             plot_log(self.out_dir / LOG, self.out_dir / CURVE)
         except Exception:
@@ -212,11 +274,33 @@ class RunLog:
 
 
 def _keep_log_before(path: Path, start: int) -> None:
-    """A resumed run keeps the records before its start step; a new run starts an empty log."""
-    keep = []
-    if start > 0 and path.exists():
-        keep = [r for r in read_log(path) if r["step"] < start]
+    """A resumed run keeps the records before its start step; a new run starts an empty log.
+
+    The log never blocks a good checkpoint: damaged lines are dropped with a warning, and the
+    original log is kept aside as log.jsonl.damaged (or .damaged.2, ...).
+    """
+    keep, damaged = [], []
+    if start > 0 and (path.exists() or path.is_symlink()):
+        try:
+            keep = [r for r in read_log(path, damaged) if r["step"] < start]
+        except OSError as e:  # a folder, an unreadable file: set aside, a new log begins
+            damaged.append(f"unreadable ({e.strerror or one_line(e)})")
+    if damaged:
+        aside = _free_name(path.with_name(path.name + ".damaged"))
+        os.replace(path, aside)
+        tqdm.write(f"xenith-edu: warning: log '{path}' is damaged ({len(damaged)} line(s) "
+                   f"dropped, {'; '.join(damaged[:3])}); the original is kept as "
+                   f"'{aside.name}', the run resumes from its checkpoint", file=sys.stderr)
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
+
+
+def _free_name(path: Path) -> Path:
+    """`path`, or `path` with .2, .3, ... if it is taken."""
+    n, free = 1, path
+    while free.exists() or free.is_symlink():
+        n += 1
+        free = path.with_name(f"{path.name}.{n}")
+    return free
 
 
 __all__ = ["CHECKPOINT", "CURVE", "EVAL_SEED", "LOG", "RunLog", "check_resume", "check_run_dir",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
 
 import numpy as np
 
@@ -18,7 +17,8 @@ from .optim import adamw_step_, clip_by_global_norm
 # Shape legend: B batch, S positions (seq_len), E evaluation windows, V vocab.
 
 Params = dict[str, np.ndarray]
-GradsFn = Callable[[Params, Config, np.ndarray, np.ndarray], tuple[float, Params]]
+# loss_and_grads(params, cfg, x, y, recompute=...) and the threads' and ranks' versions of it
+GradsFn = Callable[..., tuple[float, Params]]
 
 
 class TrainingDiverged(RuntimeError):
@@ -37,14 +37,14 @@ def train_step(params: Params, m: Params, v: Params, step: int, lr: float, cfg: 
 
     `step` counts updates from 0 (AdamW's bias correction counts from 1: step + 1), `lr` is
     the learning rate of this update, `x`, `y` (B, S) the batch and its targets. `grads_fn`
-    (default `loss_and_grads`) gives the loss and the gradients; a data-parallel run passes
-    one that averages them over its ranks (see the "Many processes" chapter). Raises
+    (default `loss_and_grads`) gives the loss and the gradients; the trainer's threads and a
+    data-parallel run pass one that shares the batch (see the "Many processes" chapter). The
+    run's recompute choice (`tc.recompute`) is read here, once, and passed down. Raises
     TrainingDiverged, before changing anything, if the loss or the norm is not finite.
     See the training chapter.
     """
-    if grads_fn is None:  # one process: the model's own, recomputing if the settings say so
-        grads_fn = partial(loss_and_grads, recompute=True) if tc.recompute else loss_and_grads
-    loss, grads = grads_fn(params, cfg, x, y)  # forward, backward
+    grads_fn = grads_fn or loss_and_grads  # one process, one thread: the model's own
+    loss, grads = grads_fn(params, cfg, x, y, recompute=tc.recompute)  # forward, backward
     grads, norm = clip_by_global_norm(grads, tc.grad_clip)  # clip
     if not (math.isfinite(loss) and math.isfinite(norm)):
         bad = f"loss became {loss}" if not math.isfinite(loss) else f"gradient norm became {norm}"

@@ -14,7 +14,6 @@ the process sees it. benchmarks/README.md has the measured figures.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -44,19 +43,22 @@ class ThreadShards:
     end when it is collected).
     """
 
-    def __init__(self, threads: int, recompute: bool = False) -> None:
+    def __init__(self, threads: int) -> None:
         if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
             raise TypeError(f"threads must be an int, got {type(threads).__name__}")
         if threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
-        self.threads, self.recompute = int(threads), recompute
+        self.threads = int(threads)
         self._pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
         self._blas = ThreadpoolController()  # finds the BLAS libraries NumPy loaded
 
-    def loss_and_grads(self, params: Params, cfg: Config, x: np.ndarray,
-                       y: np.ndarray) -> tuple[float, Params]:
+    def loss_and_grads(self, params: Params, cfg: Config, x: np.ndarray, y: np.ndarray,
+                       recompute: bool = False) -> tuple[float, Params]:
         """The mean loss and gradients of the batch x, y (B, S), as `model.loss_and_grads`."""
-        grads_fn = partial(loss_and_grads, recompute=True) if self.recompute else loss_and_grads
+
+        def grads_fn(params, cfg, x, y):
+            return loss_and_grads(params, cfg, x, y, recompute=recompute)
+
         if self._pool is None or len(x) < 2:
             return grads_fn(params, cfg, x, y)
         bounds = shard_bounds(len(x), self.threads)
