@@ -11,6 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MATH = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$", re.S)
+# a fenced block of code or a shell session: no math is rendered there ("$ ls" is a prompt)
+CODE_FENCE = re.compile(r"^```(?!\{math).*?^```", re.S | re.M)
 NOT_NAME = r"(?<![A-Za-z\\_^{])"  # a bare letter: not part of a word, command or sub/superscript
 END = r"(?![A-Za-z])"
 
@@ -66,7 +68,7 @@ def pages() -> list[tuple[str, str, str]]:
         if md.stem == "notation":  # its table's last column names the spellings it replaced
             text = "\n".join(line.rsplit("|", 2)[0] if line.startswith("| $") else line
                              for line in text.splitlines())
-        out.append((md.stem, md.name, text))
+        out.append((md.stem, md.name, CODE_FENCE.sub("", text)))
     for script in [ROOT / "book" / "figures" / "make_model_figure.py",
                    ROOT / "xenith_edu" / "tools" / "plots.py"]:
         out.append((script.stem, script.name, script.read_text(encoding="utf-8")))
