@@ -20,6 +20,7 @@ from .journal import group_readable
 from .points import Part
 from .report import write_report
 from .roster import COLLISION
+from .statuses import Row
 
 CSV_FIELDS = ("learner", "notebook", "exercise", "status", "points", "max_points", "late",
               "message", "mistake")  # mistake: the check's first diagnosis, as data
@@ -41,7 +42,7 @@ class Entry:
     folder: bool = False
     time: float | None = None  # its modification time (seconds since the epoch)
     problem: str = ""  # why it was not graded (not a notebook, a link)
-    status: str = "notebook error"  # the row's status when it was not graded
+    status: str = Row.NOTEBOOK_ERROR  # the row's status when it was not graded
     answers: dict = field(default_factory=dict)  # teacher's notebook -> {question: answer}
 
 
@@ -127,7 +128,7 @@ def policy(roster: Path | None, late: LatePolicy, timestamps: Path | None,
 
 
 def _absent_rows(lid: str, parts: list[Part]) -> list[tuple]:
-    return [(lid, "", ex, "not submitted", "nothing was handed in", "") for part in parts
+    return [(lid, "", ex, Row.NOT_SUBMITTED, "nothing was handed in", "") for part in parts
             for ex in part.points]
 
 
@@ -136,11 +137,12 @@ def _written_rows(learner: Learner, parts: list[Part], filled: dict) -> list[tup
     for part in parts:
         for q in part.questions:
             if learner.entry is None:
-                rows.append((learner.id, "", q.id, "not submitted", "nothing was handed in", ""))
+                rows.append((learner.id, "", q.id, Row.NOT_SUBMITTED, "nothing was handed in",
+                             ""))
                 continue
             points, comment = filled.get((learner.id, q.id), (None, ""))
             answered = q.id in learner.entry.answers.get(part.notebook, {})
-            status = "graded" if points is not None else "to grade"
+            status = Row.GRADED if points is not None else Row.TO_GRADE
             note = comment or ("" if answered or points is not None else
                                "no answer found in the notebook")
             rows.append((learner.id, part.notebook, q.id, status, note, ""))
@@ -177,9 +179,9 @@ def class_rows(people: list[Learner], base: dict[str, list[tuple]], parts: list[
 def _got(status: str, most: float | None, filled: tuple | None) -> float:
     if most is None:
         return 0.0
-    if status == "passed":
+    if status == Row.PASSED:
         return most
-    if status == "graded" and filled is not None:
+    if status == Row.GRADED and filled is not None:
         return float(filled[0])
     return 0.0
 
@@ -291,7 +293,7 @@ def entry_time(source: Path) -> float | None:
 def entry_of(i: int, entry: tuple[str, Path | None, str]) -> Entry:
     learner, source, problem = entry
     if source is None:  # a key no file name can have: "/" never stands in one
-        status, text = problem if problem else ("notebook error", "not graded")
+        status, text = problem if problem else (Row.NOTEBOOK_ERROR, "not graded")
         return Entry(learner, f"/{learner}", i, problem=text, status=status)
     return Entry(learner, source.name, i, source.is_dir(), entry_time(source))
 

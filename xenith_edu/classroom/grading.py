@@ -31,15 +31,14 @@ import numpy as np
 
 from ..chapters import chapter
 from ..exercises import SPECS, InPlace, NotCallable, Opaque, Raised, judge
-from . import course, roster, sandbox, shards, wire
+from . import course, roster, sandbox, shards, statuses, wire
 from .journal import Journal, fingerprint
 from .material import material
 from .points import answers, blank_skipped, read_parts
 from .roster import Exercise, learner_notebooks, match, submissions, teacher_exercises
+from .statuses import Row
 
-STATUSES = ("passed", "failed", "not attempted", "delegated", "missing", "notebook error",
-            wire.PROTOCOL_ERROR, roster.UNREADABLE, roster.OVER_LIMIT, roster.COLLISION,
-            "not submitted", "to grade", "graded")
+STATUSES = statuses.STATUSES
 CSV_FIELDS = course.CSV_FIELDS
 DEFAULT_TIMEOUT = 120.0  # seconds for one notebook's cells
 CALL_TIME = 10.0  # seconds for one exercise's calls (every case and probe)
@@ -185,7 +184,7 @@ def judge_exercise(ex: Exercise, inputs: list, reply: NotebookReply, k: int,
     _, NotCallable, _, _ = _records()
     state = (reply.ran.get("functions") or {}).get(ex.fn, "missing")
     if state == "missing":
-        return "missing", (f"{ex.fn} is not defined in this notebook: the teacher's notebook "
+        return Row.MISSING, (f"{ex.fn} is not defined in this notebook: the teacher's notebook "
                            f"checks it with check_{ex.id}({ex.fn}) (deleted or renamed?)"), ""
     spec = _specs()[ex.id]
     if state != "ok":
@@ -200,13 +199,13 @@ def judge_exercise(ex: Exercise, inputs: list, reply: NotebookReply, k: int,
             continue
         got = reply.results.get((k, j))
         if got is None:
-            return ("notebook error",
+            return (Row.NOTEBOOK_ERROR,
                     f"the sandbox did not return {ex.fn}'s answer to case {j + 1}", "")
         outcome, names = outcome_of(got[0], got[1], tuple(case.args))
         delegated.update(names)
         calls.append((case, outcome))
     if delegated:
-        return "delegated", (f"[delegated] {ex.id}: {ex.fn} hands the work to "
+        return Row.DELEGATED, (f"[delegated] {ex.id}: {ex.fn} hands the work to "
                              f"{', '.join(sorted(delegated))}, the package's own function for "
                              "this exercise; recorded as delegated, not passed"), ""
     return _verdict(judge(spec, calls, ex.fn))
@@ -224,22 +223,22 @@ def notebook_rows(nb: str, rel: str | None, exercises: list[Exercise], kept: dic
                   ) -> list[tuple[str, str, str, str]]:
     """(notebook, exercise, status, message) rows of one teacher's notebook for one learner."""
     if rel is None:
-        return [("", e.id, "missing", f"no {nb} was submitted", "") for e in exercises]
+        return [("", e.id, Row.MISSING, f"no {nb} was submitted", "") for e in exercises]
     if reply is None or reply.ran is None:
         why = _why_not_run(reply, problem, options)
-        return [(rel, e.id, "notebook error", why, "") for e in exercises] or \
-            [(rel, "", "notebook error", why, "")]
+        return [(rel, e.id, Row.NOTEBOOK_ERROR, why, "") for e in exercises] or \
+            [(rel, "", Row.NOTEBOOK_ERROR, why, "")]
     stopped = str(reply.ran.get("stopped") or "")
     if stopped.startswith("unreadable: "):
         why = f"{rel} is not a valid notebook ({stopped[12:][:200]})"
-        return [(rel, e.id, "notebook error", why, "") for e in exercises]
+        return [(rel, e.id, Row.NOTEBOOK_ERROR, why, "") for e in exercises]
     rows = []
     for k, ex in enumerate(exercises):
         try:
             status, message, mistake = judge_exercise(ex, kept[(nb, ex.id)][1], reply, k,
                                                       options)
         except wire.ChannelError as exc:
-            status, message, mistake = ("notebook error",
+            status, message, mistake = (Row.NOTEBOOK_ERROR,
                                         f"the sandbox's reply could not be read: {exc}", "")
         rows.append((rel, ex.id, status, message, mistake))
     errors = [f"cell {n} raised {text}" for n, text in reply.ran.get("errors", [])[:3]
@@ -247,7 +246,7 @@ def notebook_rows(nb: str, rel: str | None, exercises: list[Exercise], kept: dic
     if reply.ran.get("stopped"):
         errors.append(str(reply.ran["stopped"]))
     if errors:
-        rows.append((rel, "", "notebook error", "; ".join(errors), ""))
+        rows.append((rel, "", Row.NOTEBOOK_ERROR, "; ".join(errors), ""))
     return rows
 
 
@@ -282,7 +281,7 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
         return [("", e.id, roster.OVER_LIMIT, why, "") for _, ex in teacher for e in ex], {}
     mine = learner_notebooks(source)
     if not mine:
-        return [("", "", "notebook error", "no notebook (.ipynb) in this folder", "")], {}
+        return [("", "", Row.NOTEBOOK_ERROR, "no notebook (.ipynb) in this folder", "")], {}
     matched = match([name for name, _ in teacher], mine)
     plan = [(name, matched[name], ex) for name, ex in teacher if matched[name] is not None]
     problem, replies, kept, retry, found, tampered = None, [], {}, False, {}, None
@@ -474,7 +473,7 @@ def _graded(learner: str, source: Path, teacher: list, options: Options, slot: i
         return grade_learner(learner, source, teacher, options, slot, fonts)
     except (OSError, ValueError, RuntimeError) as exc:
         why = roster.display(f"{type(exc).__name__}: {exc}")[:300]
-        return [("", "", "notebook error", f"the grader could not grade this submission "
+        return [("", "", Row.NOTEBOOK_ERROR, f"the grader could not grade this submission "
                  f"({why}); --resume tries again", "")], {"retry": True}
 
 
@@ -520,7 +519,7 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
         if progress:
             with lock:
                 count["done"] += 1
-                passed = sum(1 for r in rows if r[3] == "passed")
+                passed = sum(1 for r in rows if r[3] == Row.PASSED)
                 print(f"graded {entry[0]} ({count['done']} of {len(entries)}): {passed} of "
                       f"{sum(1 for r in rows if r[2])} passed", file=sys.stderr, flush=True)
         return rows, found

@@ -11,11 +11,12 @@ from collections import Counter
 from pathlib import Path
 
 from ..tools.util import atomic_write_text
+from . import statuses
+from .statuses import Row
 
 TOP = 8  # mistakes listed
 # the statuses of a submission that was not judged, or broke the grader's protocol (tampering)
-ERRORS = ("notebook error", "protocol error", "over the limit", "unreadable file",
-          "name collision")
+ERRORS = statuses.ERRORS
 
 
 MARKDOWN = re.compile(r"([\\`*\[\]|~#])")  # what makes emphasis, code, links, cells
@@ -34,9 +35,9 @@ def _name(exercise: str) -> str:
 
 def _pass_rates(exercises: dict[str, Counter]) -> list[str]:
     """The table of statuses per exercise; "not submitted" only when a roster names absentees."""
-    columns = ["passed", "failed", "not attempted", "delegated", "missing", "notebook error"]
-    if any(c["not submitted"] for c in exercises.values()):
-        columns.append("not submitted")
+    columns = list(statuses.JUDGED)
+    if any(c[Row.NOT_SUBMITTED] for c in exercises.values()):
+        columns.append(Row.NOT_SUBMITTED)
     lines = ["| exercise | " + " | ".join(columns) + " | pass rate |",
              "| --- " * (len(columns) + 2) + "|"]
     for ex, c in exercises.items():
@@ -55,7 +56,7 @@ def report(rows: list[dict], meta: dict) -> str:
     for r in rows:
         if r["exercise"] and r["exercise"] not in questions:
             exercises.setdefault(r["exercise"], Counter())[r["status"]] += 1
-            if r["status"] == "failed" and (m := r.get("mistake")):
+            if r["status"] == Row.FAILED and (m := r.get("mistake")):
                 mistakes[(r["exercise"], m)] += 1
                 who.setdefault((r["exercise"], m), set()).add(r["learner"])
         if r["status"] in ERRORS:  # the same error of many learners is one line

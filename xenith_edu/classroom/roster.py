@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from .statuses import Row
+
 CHECK_CELL = re.compile(r"\bcheck_(\w+)\s*\(\s*([A-Za-z_]\w*)\s*\)")
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent  # holds notebooks/ in a checkout
-UNREADABLE = "unreadable file"  # statuses of a submission the walk refuses, in part or whole
-OVER_LIMIT = "over the limit"
-COLLISION = "name collision"
+UNREADABLE = Row.UNREADABLE  # statuses of a submission the walk refuses, in part or whole
+OVER_LIMIT = Row.OVER_LIMIT
+COLLISION = Row.COLLISION
 MAX_FOLDER = 200 * 2**20  # bytes of regular files in one submission
 MAX_ENTRIES = 5000  # files and folders in one submission
 MAX_DEPTH = 16  # folders inside folders
@@ -199,14 +201,14 @@ def submissions(root: Path, skip: set[Path]) -> list[tuple[str, Path | None, Pro
             found.append((name, None, Problem(UNREADABLE, f"{name}: {exc.strerror}")))
             continue
         if stat.S_ISLNK(mode):
-            found.append((name, None, Problem("notebook error",
+            found.append((name, None, Problem(Row.NOTEBOOK_ERROR,
                                               f"a symbolic link, not graded: {name}")))
         elif stat.S_ISDIR(mode):
             found.append((name, entry, None))
         elif stat.S_ISREG(mode) and entry.suffix == ".ipynb":
             found.append((display(entry.stem), entry, None))
         elif stat.S_ISREG(mode):
-            found.append((display(entry.stem), None, Problem("notebook error",
+            found.append((display(entry.stem), None, Problem(Row.NOTEBOOK_ERROR,
                                                              f"not a notebook: {name}")))
         else:
             found.append((name, None, Problem(UNREADABLE, f"{name} is {_kind(mode)}: neither "

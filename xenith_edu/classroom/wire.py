@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from ..exercises.outcomes import InPlace, NotCallable, Opaque, Raised
+from .statuses import Row
 
 MAX_FRAME = 512 * 2**20  # bytes: a reply larger than this is refused (the grader's memory)
 MAX_HEADER = 64 * 2**20
@@ -35,7 +36,7 @@ NUMERIC_KINDS = "biufc"  # bool, int, unsigned, float, complex: the only dtypes 
 DTYPES = frozenset(np.dtype(c).newbyteorder(o).str for c in "?bBhHiIlLqQefdFD" for o in "<>")
 
 
-PROTOCOL_ERROR = "protocol error"  # the status of a learner whose sandbox broke the protocol
+PROTOCOL_ERROR = Row.PROTOCOL_ERROR  # the status of a learner whose sandbox broke the protocol
 
 
 def tampering(why: str) -> str:
