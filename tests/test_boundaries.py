@@ -505,3 +505,28 @@ def test_sigmoid_of_a_large_negative_scalar_is_zero_without_a_warning():
         warnings.simplefilter("error")
         assert sigmoid(np.float64(-1000.0)) == 0.0
 
+
+
+# ---- the parameters: the boundary names the key and what it got ----
+
+def test_params_that_are_not_a_dict_are_named_with_their_type():
+    _, x, _ = _case()
+    with pytest.raises(TypeError, match=r"^params must be a dict of arrays, got list$"):
+        xe.forward([1, 2], CFG, x)
+
+
+def test_a_parameter_that_is_not_an_array_is_named_with_its_type():
+    params, x, _ = _case()
+    for key in ("wte", "wq"):  # wte also gives the dtype every other must share
+        bad = {**params, key: params[key].tolist()}
+        with pytest.raises(TypeError, match=rf"^params\['{key}'\] must be a NumPy array, "
+                                            r"got list$"):
+            xe.forward(bad, CFG, x)
+
+
+def test_mixed_dtypes_say_which_dtypes_are_allowed():
+    params, x, _ = _case()
+    bad = {**params, "wq": params["wq"].astype(np.float32)}
+    with pytest.raises(TypeError, match=r"^params\['wq'\] has dtype float32; all must share "
+                                        r"one dtype, float32 or float64$"):
+        xe.forward(bad, CFG, x)
