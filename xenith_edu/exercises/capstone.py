@@ -296,15 +296,7 @@ def _mistakes(args: tuple, exp: dict) -> list[Mistake]:
 
 def _first_wrong(args: tuple, exp: dict, got: dict, wrong: set, tol: float) -> list[str]:
     """When no known mistake fits: the first wrong gradient going backward, and its row."""
-    for name, step, rule in STEPS:
-        if name in wrong:
-            later = [n for n in OUT_NAMES[OUT_NAMES.index(name) + 1:] if n in wrong]
-            tail = (f" The {len(later)} wrong gradients after it are computed from it: fix "
-                    f"{name} first.") if later else ""
-            pattern = engine._generic(name, got[name], exp[name], tol, {})  # sign, zeros...
-            return [f"the first wrong gradient, going backward, is {name} ({step}). Its row "
-                    f"of the duality table: {rule}.{tail}" + (f" ({pattern})" if pattern else "")]
-    return []
+    return engine.first_wrong(STEPS, exp, got, wrong, tol)
 
 
 def _floor(args: tuple) -> dict[str, float]:

@@ -232,6 +232,23 @@ def _generic(name: str, got: object, exp: object, tol: float, factors: dict[str,
     return ""
 
 
+def first_wrong(steps: tuple[tuple[str, str, str], ...], exp: dict, got: dict, wrong: set,
+                tol: float) -> list[str]:
+    """A step-by-step backward's diagnosis when no known mistake fits: the first wrong gradient
+    going backward, its step and its row of the duality table. `steps` are (gradient, step,
+    row) in backward order; the gradients after a wrong one are computed from it."""
+    names = [name for name, _, _ in steps]
+    for k, (name, step, rule) in enumerate(steps):
+        if name in wrong:
+            later = [n for n in names[k + 1:] if n in wrong]
+            tail = (f" The {len(later)} wrong gradients after it are computed from it: fix "
+                    f"{name} first.") if later else ""
+            pattern = _generic(name, got[name], exp[name], tol, {})  # sign, zeros...
+            return [f"the first wrong gradient, going backward, is {name} ({step}). Its row "
+                    f"of the duality table: {rule}.{tail}" + (f" ({pattern})" if pattern else "")]
+    return []
+
+
 def _likely(spec: Spec, first: _Judged, others: list[_Judged], probes: list) -> list[str]:
     """The likely mistakes behind the wrong outputs: the check's own, then generic patterns."""
     likely: list[str] = []

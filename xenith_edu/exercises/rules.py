@@ -215,16 +215,8 @@ def _drop_none(mistakes: Callable[[tuple, dict], list[Mistake]]) -> Callable:
 
 
 def _first_wrong(args: tuple, exp: dict, got: dict, wrong: set, tol: float) -> list[str]:
-    """When no known mistake fits: name the first wrong gradient and its row of the table."""
-    for name, step, rule in STEPS:
-        if name in wrong:
-            later = [n for n, _, _ in STEPS[OUT_NAMES.index(name) + 1:] if n in wrong]
-            tail = (f" The later wrong ones ({', '.join(later)}) are computed from it: fix "
-                    f"{name} first.") if later else ""
-            pattern = engine._generic(name, got[name], exp[name], tol, {})  # sign, zeros...
-            return [f"the first wrong gradient, going backward, is {name} ({step}). Its row "
-                    f"of the duality table: {rule}.{tail}" + (f" ({pattern})" if pattern else "")]
-    return []
+    """When no known mistake fits: the first wrong gradient going backward, and its row."""
+    return engine.first_wrong(STEPS, exp, got, wrong, tol)
 
 
 def _floor(args: tuple) -> dict[str, float]:
