@@ -1,5 +1,6 @@
-"""The exercise of "The rules of backprop": a right answer passes, and each wrong intermediate of
-the catalogue below is rejected with a verdict that names it and the row of the table it needs."""
+"""The exercises of "The rules of backprop": right answers pass; each wrong gradient of the
+broadcast row, and each wrong intermediate of the block, is rejected with a verdict that names it
+and the row of the table it needs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import pytest
 
 from xenith_edu import exercises
 from xenith_edu.exercises import rules
-from xenith_edu.exercises.rules import OUT_NAMES, block_forward, check_rules_block
+from xenith_edu.exercises.rules import (
+    OUT_NAMES,
+    block_forward,
+    check_broadcast_backward,
+    check_rules_block,
+)
 from xenith_edu.tools.gradcheck import check_gradient
 
 from .helpers import catalogue_tests
@@ -85,8 +91,42 @@ CATALOGUE = [
 ]
 
 
-RIGHT = {"rules_block": (learner(), rules.block_backward)}
-MUTANTS = [("rules_block", learner(**wrong), words) for wrong, words in CATALOGUE]
+def broadcast_learner(wrong: str = "none"):
+    """`(da, dc)` of Y = X * a and Y = X * c; `wrong` plants one known mistake."""
+
+    def my_broadcast_backward(dY, X):
+        P = dY * X  # (N, n) each use's gradient times its local derivative
+        da = {"nolocal_a": dY.sum(axis=0), "mean_a": P.mean(axis=0), "axis_a": P.sum(axis=1),
+              "unsummed": P, "swapped": P.sum(axis=1)}.get(wrong, P.sum(axis=0))
+        dc = {"nolocal_c": dY.sum(axis=1, keepdims=True),
+              "mean_c": P.mean(axis=1, keepdims=True), "keepdims": P.sum(axis=1),
+              "swapped": P.sum(axis=0)[:, None]}.get(wrong, P.sum(axis=1, keepdims=True))
+        return da, dc
+
+    return my_broadcast_backward
+
+
+BROADCAST_CATALOGUE = [
+    ("nolocal_a", ["da is wrong", "(dc is right.)", "da misses the local derivative X"]),
+    ("nolocal_c", ["dc is wrong", "(da is right.)", "dc misses the local derivative X"]),
+    ("mean_a", ["da is wrong", "da takes a mean over the N = ", "needs a sum"]),
+    ("mean_c", ["dc is wrong", "dc takes a mean over the n = ", "needs a sum"]),
+    ("axis_a", ["da has shape", "copied over the N rows", "axis=0"]),
+    ("keepdims", ["dc has shape", "keepdims=True"]),
+    ("unsummed", ["da has shape", "sum dY * X over them"]),
+    ("swapped", ["da has shape", "copied over the N rows"]),
+]
+
+
+def einsum_broadcast(dY, X):
+    return np.einsum("ij,ij->j", dY, X), np.einsum("ij,ij->i", dY, X)[:, None]
+
+
+RIGHT = {"rules_block": (learner(), rules.block_backward),
+         "broadcast_backward": (broadcast_learner(), rules.broadcast_backward, einsum_broadcast)}
+MUTANTS = ([("rules_block", learner(**wrong), words) for wrong, words in CATALOGUE]
+           + [("broadcast_backward", broadcast_learner(wrong), words)
+              for wrong, words in BROADCAST_CATALOGUE])
 (test_right_answers_pass, test_mutant_is_rejected_with_its_diagnosis,
  test_the_catalogue_covers_the_chapter) = catalogue_tests(RIGHT, MUTANTS)
 
@@ -113,7 +153,32 @@ def test_a_right_answer_passes(capsys) -> None:
     assert capsys.readouterr().out.strip() == result.message
 
 
+def test_the_broadcast_mistakes_on_a_square_x_are_named() -> None:
+    """On the square case a sum over the wrong axis has the right shape: the table names it."""
+    (case,) = [c for c in rules.BROADCAST.make_cases() if "square" in c.label]
+    dY, X = case.args
+    exp = dict(zip(("da", "dc"), rules.broadcast_backward(dY, X), strict=True))
+    texts = [text for text, make in rules.BROADCAST.mistakes(case.args, exp) if make()]
+    assert any("sums over the columns" in t for t in texts)
+    assert any("swapped" in t for t in texts)
+    one = [c for c in rules.BROADCAST.make_cases() if c.args[1].shape[0] == 1][0]
+    exp1 = dict(zip(("da", "dc"), rules.broadcast_backward(*one.args), strict=True))
+    made = [make() for text, make in rules.BROADCAST.mistakes(one.args, exp1)
+            if "mean over the N" in text]
+    assert made == [{}]  # one position: a mean over the rows is the sum itself
+
+
+def test_the_broadcast_reference_is_the_gradient() -> None:
+    rng = np.random.default_rng(8)
+    X, dY = rng.standard_normal((3, 5)), rng.standard_normal((3, 5))
+    a, c = rng.standard_normal(5), rng.standard_normal((3, 1))
+    da, dc = rules.broadcast_backward(dY, X)
+    assert check_gradient(lambda t: np.sum(X * t * dY), a, da, name="da").passed
+    assert check_gradient(lambda t: np.sum(X * t * dY), c, dc, name="dc").passed
+
+
 def test_the_check_is_registered_with_its_chapter() -> None:
+    assert exercises.CHECKS["broadcast_backward"] == ("rules", check_broadcast_backward)
     assert exercises.CHECKS["rules_block"] == ("rules", check_rules_block)
     assert exercises.check_rules_block is check_rules_block
     assert exercises.SPECS["rules_block"].chapter == "rules"

@@ -62,7 +62,7 @@ from .rope import (
     check_rope_permutation,
     check_rope_tables,
 )
-from .rules import check_rules_block
+from .rules import check_broadcast_backward, check_rules_block
 from .softmax_ce import (
     check_label_smoothing,
     check_softmax_cross_entropy,
@@ -108,6 +108,7 @@ _collect()
 __all__ = [
     "CHECKS", "SPECS", "GRADE_LOG_ENV", "Case", "CheckResult", "InPlace", "NotCallable", "Opaque",
     "Raised", "Spec", "Status", "check", "forget_hints", "hint", "judge", "run",
+    "check_broadcast_backward",
     "check_rules_block",
     "check_softmax_cross_entropy",
     "check_label_smoothing",

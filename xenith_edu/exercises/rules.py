@@ -1,7 +1,9 @@
-"""Exercises of the chapter "The rules of backprop": one block taken apart into atomic steps.
+"""Exercises of the chapter "The rules of backprop": the broadcast row, and one block taken apart
+into atomic steps.
 
-The learner backpropagates RMSNorm then a linear layer, step by step; the check names the first
-wrong intermediate gradient in the backward order and the row of the duality table it needs.
+The learner derives the gradients of a broadcast vector and column; then backpropagates RMSNorm
+and a linear layer step by step, and the check names the first wrong intermediate gradient in
+the backward order and the row of the duality table it needs.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from .engine import check
 from .kit import amax, int_sampler, randn
 from .types import Case, CheckResult, Mistake, Spec
 
-# Shape legend: N positions, d width, m output width of the linear layer.
+# Shape legend: N positions (rows), n or d width (columns), m output width of the linear layer.
 
 # The gradients the learner returns, in the backward order, each with the forward step it goes
 # back through and the row of the chapter's duality table that step needs.
@@ -270,4 +272,91 @@ def check_rules_block(fn: Callable) -> CheckResult:
     return check(BLOCK, fn)
 
 
-SPECS = [BLOCK]
+def broadcast_backward(dY: np.ndarray, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`(da, dc)` of Y = X * a, a (n,) broadcast over the rows, and of Y = X * c, c (N, 1)
+    broadcast over the columns, for the gradient dY (N, n) of Y."""
+    return (dY * X).sum(axis=0), (dY * X).sum(axis=1, keepdims=True)  # (n,), (N, 1)
+
+
+def _broadcast_cases(rng: np.random.Generator) -> list[Case]:
+    ints = int_sampler(rng)
+
+    sq = ints(4, 6)
+    plans = [  # what, N, n, dtype: N != n except in the square case, so that a sum over the
+        ("", ints(3, 5), ints(7, 10), np.float64),  # wrong axis has the wrong shape
+        ("", ints(8, 11), ints(3, 5), np.float32),
+        ("N=1 (one position), ", 1, ints(4, 8), np.float64),
+        (f"N = n = {sq} (square), ", sq, sq, np.float64),
+    ]
+    cases = []
+    for what, N, n, dtype in plans:
+        X = randn(rng, (N, n), dtype)  # (N, n)
+        dY = randn(rng, (N, n), dtype)  # (N, n)
+        label = f"{what}N={N}, n={n}" if not what.endswith("), ") else what.rstrip(", ")
+        cases.append(Case(f"{np.dtype(dtype).name}, {label}", (dY, X)))
+    return cases
+
+
+def _broadcast_mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    dY, X = args
+    N, n = X.shape
+    return [
+        ("da misses the local derivative X: Y = X * a, so each use of a_j carries X_ij, and "
+         "da = (dY * X).sum(axis=0).", lambda: {"da": dY.sum(axis=0)}),
+        ("dc misses the local derivative X: Y = X * c, so each use of c_i carries X_ij, and "
+         "dc = (dY * X).sum(axis=1, keepdims=True).",
+         lambda: {"dc": dY.sum(axis=1, keepdims=True)}),
+        (f"da takes a mean over the N = {N} rows where the broadcast row needs a sum: a_j is "
+         "used once in every row, and each use adds its gradient.",
+         lambda: {"da": (dY * X).mean(axis=0) if N > 1 else None}),
+        (f"dc takes a mean over the n = {n} columns where the broadcast row needs a sum: c_i "
+         "is used once in every column, and each use adds its gradient.",
+         lambda: {"dc": (dY * X).mean(axis=1, keepdims=True)}),
+        ("da sums over the columns (axis=1): a is copied over the rows, so sum over axis=0.",
+         lambda: {"da": (dY * X).sum(axis=1) if N == n else None}),
+        ("da and dc are swapped: a (n,) is copied over the rows (sum over axis=0), c (N, 1) "
+         "over the columns (sum over axis=1).",
+         lambda: {"da": (dY * X).sum(axis=1) if N == n else None,
+                  "dc": (dY * X).sum(axis=0)[:, None]}),
+    ]
+
+
+BROADCAST = Spec(
+    id="broadcast_backward",
+    reference_name="xenith_edu.exercises.rules.broadcast_backward",
+    arg_names=("dY", "X"),
+    out_names=("da", "dc"),
+    kinds=("array", "array"),
+    reference=broadcast_backward,
+    cases=_broadcast_cases,
+    seed=1002,
+    summary="float64 and float32, more rows than columns and fewer, one position, a square X",
+    mistakes=_drop_none(_broadcast_mistakes),
+    factors=lambda a: {f"N = {a[1].shape[0]}": float(a[1].shape[0]),
+                       f"n = {a[1].shape[1]}": float(a[1].shape[1])},
+    floor=lambda a: {"da": a[1].shape[0] * amax(a[0], a[1]),
+                     "dc": a[1].shape[1] * amax(a[0], a[1])},
+    shape_hints={
+        "da": "a (n,) is copied over the N rows: sum dY * X over them (axis=0), one entry "
+              "per column.",
+        "dc": "c (N, 1) is copied over the n columns: sum dY * X along each row (axis=1) "
+              "with keepdims=True, so that dc keeps the shape (N, 1).",
+    },
+    hints=("The broadcast row: an array copied along an axis is used once per copy, so its "
+           "gradient sums, along that axis, the gradient of each use times its local "
+           "derivative (here the other factor, X).",
+           "a (n,) is copied over the rows: sum dY * X over axis=0. c (N, 1) is copied over the "
+           "columns: sum dY * X over axis=1, with keepdims=True.",
+           "da = (dY * X).sum(axis=0); dc = (dY * X).sum(axis=1, keepdims=True)"),
+)
+
+
+def check_broadcast_backward(fn: Callable) -> CheckResult:
+    """`fn(dY (N,n), X (N,n)) -> (da (n,), dc (N,1))` for Y = X * a and Y = X * c, a and c
+    broadcast. See the "The rules of backprop" chapter."""
+    return check(BROADCAST, fn)
+
+
+SPECS = [BROADCAST, BLOCK]
+
+__all__ = ["check_broadcast_backward", "check_rules_block"]
