@@ -406,7 +406,7 @@ CACHE = Spec(
     reference=lambda B, H, S, hd, itemsize: (cache_bytes(B, H, S, hd, itemsize),),
     cases=_cache_cases,
     seed=408,
-    summary="S = 1 to a few thousand, S below and above hd, itemsize 4 and 8",
+    summary="S = 1 to 5000, S below and above hd, itemsize 4 and 8",
     single=True,
     mistakes=_cache_mistakes,
     terms=_cache_terms,
