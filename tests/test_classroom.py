@@ -30,10 +30,10 @@ def my_linear_backward(dY, X, W):
     return dX, dW
 
 
-def my_memory(B, H, S, itemsize):
+def my_memory(B, H, S, hd, itemsize):
     def count():
         ### BEGIN SOLUTION
-        return B * H * S * S
+        return B * H * (3 * S * hd + S * (S + 1) // 2)
         ### END SOLUTION
     return count() * itemsize"""
 
@@ -46,7 +46,7 @@ def chapter(body: str = SOLUTION, before: list | None = None) -> nbformat.Notebo
     return new_notebook(cells=[
         new_markdown_cell("# A chapter"),
         new_code_cell("import numpy as np\nfrom xenith_edu.exercises import "
-                      "check_attention_memory, check_linear_backward"),
+                      "check_attention_cache_bytes, check_linear_backward"),
         *(before or []),
         new_markdown_cell("```{exercise} The linear layer\n:label: ex-linear\nWrite it.\n```"),
         solved,
@@ -59,7 +59,7 @@ def chapter(body: str = SOLUTION, before: list | None = None) -> nbformat.Notebo
         new_markdown_cell("Why?\n\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION\n"),
         new_code_cell("x = 1\n### BEGIN HIDDEN TESTS\nassert x == 1\n### END HIDDEN TESTS"),
         new_code_cell("check_linear_backward(my_linear_backward);\n"
-                      "check_attention_memory(my_memory);"),
+                      "check_attention_cache_bytes(my_memory);"),
         done,
     ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                 "language": "python"}})
@@ -158,7 +158,7 @@ def test_student_version_runs_top_to_bottom_and_says_not_attempted(tmp_path, mon
     nb = execute(out, log, monkeypatch)
     entries = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(e["exercise"], e["status"]) for e in entries] == [
-        ("linear_backward", "not attempted"), ("attention_memory", "not attempted")]
+        ("linear_backward", "not attempted"), ("attention_cache_bytes", "not attempted")]
     assert "the notebook went on" in nb.cells[-1].outputs[0]["text"]
 
 
@@ -199,7 +199,7 @@ def test_grade_a_small_class(tmp_path):
     assert list(dict.fromkeys(r["learner"] for r in rows)) == [
         "alice", "bob", "carol", "dan", "erin", "frank", "gina", "hank", "ivan"]
     assert {r["notebook"] for r in rows if r["learner"] == "alice"} == {"alice/week1.ipynb"}
-    for ex in ("linear_backward", "attention_memory"):
+    for ex in ("linear_backward", "attention_cache_bytes"):
         assert got[("alice", ex)][0] == "passed"
         assert got[("carol", ex)][0] == "not attempted"
         assert got[("dan", ex)][0] == "passed"  # an error in another cell: noted, not fatal
@@ -213,7 +213,7 @@ def test_grade_a_small_class(tmp_path):
     assert "timed out after 4 s in cell 3" in got[("erin", "")][1]
     status, message = got[("bob", "linear_backward")]
     assert status == "failed" and "matrix shapes don't match" in message
-    assert got[("bob", "attention_memory")][0] == "passed"
+    assert got[("bob", "attention_cache_bytes")][0] == "passed"
     assert got[("frank", "")] == ("notebook error", "not a notebook: frank.txt")
     assert got[("hank", "")] == ("notebook error", "no notebook (.ipynb) in this folder")
     report = (tmp_path / "grades.md").read_text()
@@ -266,7 +266,7 @@ def test_without_bubblewrap_the_grader_says_so_and_still_judges(tmp_path, monkey
     err = capsys.readouterr().err
     assert err.count("bubblewrap (bwrap) is not installed") == 1 and "NOT isolated" in err
     assert [(r["exercise"], r["status"]) for r in rows] == [("linear_backward", "failed"),
-                                                           ("attention_memory", "passed")]
+                                                           ("attention_cache_bytes", "passed")]
 
 
 def test_command_line_student_and_grade(tmp_path, capsys):

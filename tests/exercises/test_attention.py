@@ -9,10 +9,11 @@ import dataclasses
 import math
 
 import numpy as np
+import pytest
 
 import xenith_edu.exercises as ex
 from xenith_edu.attention import causal_attention_backward, causal_attention_forward
-from xenith_edu.exercises.attention import buggy_attention_backward
+from xenith_edu.exercises.attention import _cache_wrong, buggy_attention_backward, cache_bytes
 
 from .helpers import catalogue_tests, kw
 
@@ -102,15 +103,27 @@ def fixed_bug(dout, q, k, v):
     return dscores @ k * scale, np.swapaxes(dscores, -1, -2) @ q * scale, dv
 
 
-def memory(B, H, S, itemsize):
-    return B * H * S * S * itemsize
+def cache(B, H, S, hd, itemsize, *, tri="right", qkv=3, full_width=False, bytes_=True,
+          batch=True):
+    """Bytes of one layer's cache: q, k, v in full, the weights' lower triangle packed."""
+    P = {"right": S * (S + 1) // 2, "square": S * S, "no diagonal": S * (S - 1) // 2,
+         "half": S * S // 2, "no half": S * (S + 1), "none": 0}[tri]  # per head
+    width = H * hd if full_width else hd  # one head's slice of q, k, v is hd wide
+    n = (B if batch else 1) * H * (qkv * S * width + P)
+    return n * itemsize if bytes_ else n
+
+
+def cache_rows(B, H, S, hd, itemsize):
+    """A correct alternative: the kept entries counted row by row, query i keeping i + 1 keys."""
+    kept = sum(i + 1 for i in range(S))  # per head
+    return B * H * itemsize * (3 * S * hd + kept)
 
 
 # exercise -> (the right answer from scratch, the package's reference in the learner's signature)
 RIGHT = {
     "attention_backward": (attn, lambda dout, q, k, v: causal_attention_backward(
         dout, causal_attention_forward(q, k, v)[1]), attn_jacobian),
-    "attention_memory": (memory, memory),
+    "attention_cache_bytes": (cache, cache_rows),
     "gqa_backward": (gqa, gqa_expanded),
     "attention_find_the_bug": (fixed_bug, attn, attn_jacobian),
 }
@@ -131,16 +144,30 @@ MUTANTS = [
     ("attention_backward", kw(attn, shift=False), ["large scores", "NaN", "Subtract each row's "
                                                                          "max"]),
     ("attention_backward", kw(attn, keepdims=False), ["raised ValueError", "keepdims=True"]),
-    ("attention_memory", lambda B, H, S, i: B * H * S * S, ["counts elements, not bytes"]),
-    ("attention_memory", lambda B, H, S, i: np.array(B * H * S * S), ["counts elements"]),
-    ("attention_memory", lambda B, H, S, i: B * H * S * i, ["one factor of S is missing"]),
-    ("attention_memory", lambda B, H, S, i: B * S * S * i, ["heads are missing"]),
-    ("attention_memory", lambda B, H, S, i: 8 * B * H * S * S * i, ["bits, not bytes"]),
-    ("attention_memory", lambda B, H, S, i: B * H * S * S * i / 1, ["should be an int",
-                                                                     "// rather than /"]),
-    # ignoring the itemsize is not "the batch is missing", even where B == itemsize
-    ("attention_memory", lambda B, H, S, i: B * H * S * S,
-     ["counts elements, not bytes"], ["batch is missing", "heads are missing"]),
+    ("attention_cache_bytes", kw(cache, tri="square"), ["keeps the full S x S matrix"]),
+    ("attention_cache_bytes", kw(cache, tri="no diagonal"), ["the diagonal is left out"]),
+    ("attention_cache_bytes", kw(cache, tri="half"), ["S**2 / 2 is not the triangle"]),
+    ("attention_cache_bytes", kw(cache, qkv=0), ["q, k and v are missing"]),
+    ("attention_cache_bytes", kw(cache, tri="none"), ["the weights are missing"]),
+    ("attention_cache_bytes", kw(cache, bytes_=False), ["counts numbers, not bytes"],
+     ["batch is missing", "heads are missing"]),
+    ("attention_cache_bytes", lambda B, H, S, hd, i: 8 * cache(B, H, S, hd, i),
+     ["bits, not bytes"]),
+    ("attention_cache_bytes", kw(cache, batch=False), ["the batch is missing"]),
+    ("attention_cache_bytes", kw(cache, full_width=True), ["model width d = H hd"]),
+    ("attention_cache_bytes", lambda B, H, S, hd, i: cache(B, H, S, hd, i) / 1,
+     ["should be an int", "// rather than /"]),
+    # no catalogue entry: named by fitting the reference's two terms
+    ("attention_cache_bytes", kw(cache, qkv=1), ["the factor 3 is missing from the term 3 B H S "
+                                                 "hd itemsize (q, k, v)"]),
+    ("attention_cache_bytes", kw(cache, qkv=2), ["two of q, k, v are counted, not three"]),
+    ("attention_cache_bytes", kw(cache, tri="no half"), ["the division by 2 is missing from the "
+                                                         "term B H S (S + 1) / 2 itemsize"]),
+    ("attention_cache_bytes", kw(cache, tri="square", bytes_=False),
+     ["the full S x S matrix is counted, not its triangle", "times too small (off by a factor "
+                                                             "of itemsize)"]),
+    ("attention_cache_bytes", lambda B, H, S, hd, i: B * H * (3 * S * hd * i + S * (S + 1) // 2),
+     ["the factor itemsize is missing from the term B H S (S + 1) / 2 itemsize"]),
     ("gqa_backward", kw(gqa, reduce="first"), ["keep only one query head's gradient",
                                                "(dq is right.)"]),
     ("gqa_backward", kw(gqa, reduce="mean"), ["averaged over the"]),
@@ -173,3 +200,17 @@ def test_the_explicit_jacobian_is_not_rejected_where_the_softmax_saturates():
     unfloored = dataclasses.replace(spec, floor=None)
     verdict = ex.judge(unfloored, calls).message
     assert "large scores" in verdict and "dq is wrong" in verdict
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2, 3, 4, 5])
+def test_the_cache_cases_tell_every_mistake_apart(seed):
+    # on every case but S = 1 the reference and each named mistake give different numbers, and
+    # the factors a mistake can leave out or confuse (2, 3, B, H, itemsize) are all different
+    rng = None if seed is None else np.random.default_rng(seed)
+    cases = ex.SPECS["attention_cache_bytes"].make_cases(rng)
+    assert len({c.args[4] for c in cases}) == 2  # itemsize 4 and 8 both occur
+    for c in cases:
+        B, H, S, hd, i = c.args
+        values = [cache_bytes(*c.args)] + [v for _, v in _cache_wrong(*c.args)]
+        assert S == 1 or len(set(values)) == len(values), c.label
+        assert len({2, 3, B, H, i}) == 5, c.label

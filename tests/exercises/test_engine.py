@@ -340,11 +340,12 @@ def test_every_float_output_has_a_floor_tied_to_the_inputs(name):
 def test_a_coincidence_of_sizes_is_not_a_diagnosis():
     # B == itemsize: ignoring the itemsize gives exactly the bytes without the batch; the
     # other cases tell the two apart, so only the true mistake is named
-    spec = ex.SPECS["attention_memory"]
-    cases = [ex.Case("B=4, H=6, S=256, itemsize=4", (4, 6, 256, 4))] + spec.make_cases()
-    no_itemsize = lambda B, H, S, i: B * H * S * S  # noqa: E731
+    spec = ex.SPECS["attention_cache_bytes"]
+    cases = [ex.Case("B=4, H=6, S=256, hd=32, itemsize=4", (4, 6, 256, 32, 4))]
+    cases += spec.make_cases()
+    no_itemsize = lambda B, H, S, hd, i: B * H * (3 * S * hd + S * (S + 1) // 2)  # noqa: E731
     message = ex.judge(spec, [(c, ex.run(no_itemsize, c.args)) for c in cases]).message
-    assert "case 1 of 5" in message and "counts elements, not bytes" in message
+    assert f"case 1 of {len(cases)}" in message and "counts numbers, not bytes" in message
     assert "batch is missing" not in message
     alone = ex.judge(spec, [(cases[0], ex.run(no_itemsize, cases[0].args))]).message
     assert "batch is missing" in alone  # one case alone cannot tell them apart

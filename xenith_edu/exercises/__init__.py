@@ -22,8 +22,8 @@ from collections.abc import Callable
 from ..chapters import CHAPTERS
 from .attention import (
     check_attention_backward,
+    check_attention_cache_bytes,
     check_attention_find_the_bug,
-    check_attention_memory,
     check_gqa_backward,
 )
 from .backward import (
@@ -119,7 +119,7 @@ __all__ = [
     "check_layernorm_backward",
     "check_rmsnorm_scale_grad",
     "check_attention_backward",
-    "check_attention_memory",
+    "check_attention_cache_bytes",
     "check_gqa_backward",
     "check_attention_find_the_bug",
     "check_rope_backward",

@@ -1,4 +1,4 @@
-"""Exercises of the causal attention chapter: the backward, its memory, and relatives.
+"""Exercises of the causal attention chapter: the backward, its relatives, the packed cache.
 
 See the "Causal attention" chapter; each check diagnoses the usual mistakes.
 """
@@ -13,7 +13,7 @@ import numpy as np
 
 from ..attention import causal_attention_backward, causal_attention_forward
 from .engine import check
-from .fit import Term
+from .fit import Term, term
 from .kit import OVERFLOW, amax, fmt, int_sampler, randn, softmax64
 from .types import Case, CheckResult, Mistake, Spec
 
@@ -315,53 +315,120 @@ def check_attention_find_the_bug(fn: Callable) -> CheckResult:
     return check(ATTENTION_BUG, fn)
 
 
-def _memory_mistakes(args: tuple, exp: dict) -> list[Mistake]:
-    B, H, S, itemsize = args
-    n = B * H * S * S
-    return [(text, lambda value=value: {"bytes": value}) for text, value in [
-        ("that counts elements, not bytes: multiply by itemsize.", n),
-        ("that counts bits, not bytes.", n * itemsize * 8),
-        ("one factor of S is missing: each head holds an S x S matrix.", B * H * S * itemsize),
-        ("the heads are missing: there is one S x S matrix per head (H).", B * S * S * itemsize),
-        ("the batch is missing: there is one S x S matrix per sequence and head (B).",
-         H * S * S * itemsize),
-        ("counted twice: one layer keeps one (B, H, S, S) probability matrix.",
-         2 * n * itemsize),
-    ]]
+# ----------------------------------------------------------------------------------------------
+# The cache the mask leaves: q, k, v in full and the weights' lower triangle, packed.
 
 
-def _memory_cases(rng: np.random.Generator) -> list[Case]:
+def cache_bytes(B: int, H: int, S: int, hd: int, itemsize: int) -> int:
+    """Bytes of one layer's attention cache with P packed: B H (3 S hd + S (S + 1) / 2)."""
+    return B * H * (3 * S * hd + S * (S + 1) // 2) * itemsize
+
+
+def _cache_wrong(B: int, H: int, S: int, hd: int, i: int) -> list[tuple[str, int]]:
+    tri, qkv = S * (S + 1) // 2, 3 * S * hd  # per head: P's kept entries, q, k and v
+    n = B * H * (qkv + tri)  # numbers kept
+    return [
+        ("that keeps the full S x S matrix: the mask leaves row i only the keys j <= i, "
+         "S (S + 1) / 2 entries per head, not S**2.", B * H * (qkv + S * S) * i),
+        ("the diagonal is left out: row i keeps the keys 0 to i, i + 1 of them (the diagonal is "
+         "never masked), so S (S + 1) / 2 per head, not S (S - 1) / 2.",
+         B * H * (qkv + S * (S - 1) // 2) * i),
+        ("S**2 / 2 is not the triangle: with its diagonal it is S (S + 1) / 2 = S**2 / 2 + S / 2.",
+         B * H * (qkv + S * S // 2) * i),
+        ("q, k and v are missing: the backward reads them too (dq needs k, dk needs q, dP needs "
+         "v), 3 S hd numbers per head.", B * H * tri * i),
+        ("the weights are missing: the backward reads P (dv = P^T dO, dZ needs P).",
+         B * H * qkv * i),
+        ("that counts numbers, not bytes: multiply by itemsize.", n),
+        ("that counts bits, not bytes.", 8 * n * i),
+        ("the batch is missing: every sequence keeps its own q, k, v and weights (B).",
+         H * (qkv + tri) * i),
+        ("the heads are missing: every head keeps its own slices and weights (H).",
+         B * (qkv + tri) * i),
+        ("q, k, v are counted at the model width d = H hd per head: one head's slice is hd "
+         "wide, so B H S hd numbers each.", B * H * (3 * S * H * hd + tri) * i),
+    ]
+
+
+def _cache_mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    return [(text, lambda value=value: {"bytes": value})
+            for text, value in _cache_wrong(*(int(a) for a in args))]
+
+
+def _cache_terms(args: tuple) -> dict[str, list[Term]]:
+    """bytes = 3 B H S hd itemsize (q, k, v) + B H S (S + 1) / 2 itemsize (P's triangle)."""
+    B, H, S, hd, i = (float(a) for a in args)
+    shared = (("B", B), ("H", H))
+    return {"bytes": [
+        term("3 B H S hd itemsize (q, k, v)", ("3", 3.0), *shared, ("S hd", S * hd),
+             ("itemsize", i), slips=(("two of q, k, v are counted, not three",
+                                      2 * B * H * S * hd * i),)),
+        term("B H S (S + 1) / 2 itemsize (the weights' triangle)", *shared,
+             ("S (S + 1)", S * (S + 1)), ("1 / 2", 0.5), ("itemsize", i),
+             slips=(("the full S x S matrix is counted, not its triangle", B * H * S * S * i),
+                    ("the diagonal is left out, S (S - 1) / 2", B * H * S * (S - 1) / 2 * i))),
+    ]}
+
+
+def _cache_sizes(rng: np.random.Generator, S_lo: int, S_hi: int, hds: list[int],
+                 itemsize: int) -> tuple:
+    """(B, H, S, hd, itemsize) on which the reference and every mistake give different numbers,
+    and no two of the factors a mistake can leave out or confuse (2, 3, B, H, itemsize) agree."""
     ints = int_sampler(rng)
+    while True:
+        B, H, S, hd = ints(2, 9), ints(3, 16), ints(S_lo, S_hi), int(rng.choice(hds))
+        values = [cache_bytes(B, H, S, hd, itemsize)]
+        values += [v for _, v in _cache_wrong(B, H, S, hd, itemsize)]
+        if len({2, 3, B, H, itemsize}) == 5 and len(set(values)) == len(values):
+            return B, H, S, hd, itemsize
 
-    sizes = [(ints(2, 4), ints(2, 4), ints(3, 8), 8), (ints(3, 5), ints(4, 8), ints(128, 512), 4),
-             (ints(5, 8), ints(8, 12), ints(512, 1024), 2), (1, 1, 1, int(rng.choice([2, 4, 8])))]
-    return [Case(f"B={B}, H={H}, S={S}, itemsize={i}", (B, H, S, i)) for B, H, S, i in sizes]
+
+def _cache_cases(rng: np.random.Generator) -> list[Case]:
+    plans = [("a short context", 5, 15, [8, 16], 8), ("S below hd", 9, 31, [64, 128], 4),
+             ("near the book's context", 48, 300, [16, 32], 4),
+             ("a long context", 1000, 5000, [128], 8)]
+    cases = []
+    for what, lo, hi, hds, itemsize in plans:
+        B, H, S, hd, i = _cache_sizes(rng, lo, hi, hds, itemsize)
+        cases.append(Case(f"{what}: B={B}, H={H}, S={S}, hd={hd}, itemsize={i}",
+                          (B, H, S, hd, i)))
+    B, H, _, hd, i = _cache_sizes(rng, 5, 15, [4, 8], 4)
+    cases.append(Case(f"one position: B={B}, H={H}, S=1, hd={hd}, itemsize={i}", (B, H, 1, hd, i)))
+    return cases
 
 
-MEMORY = Spec(
-    id="attention_memory",
-    reference_name="B * H * S * S * itemsize",
-    arg_names=("B", "H", "S", "itemsize"),
+CACHE = Spec(
+    id="attention_cache_bytes",
+    reference_name="B * H * (3 * S * hd + S * (S + 1) // 2) * itemsize",
+    arg_names=("B", "H", "S", "hd", "itemsize"),
     out_names=("bytes",),
     kinds=("int",),
-    reference=lambda B, H, S, itemsize: (B * H * S * S * itemsize,),
-    cases=_memory_cases,
-    seed=405,
-    summary="four sizes up to B=8, H=12, S=1024",
+    reference=lambda B, H, S, hd, itemsize: (cache_bytes(B, H, S, hd, itemsize),),
+    cases=_cache_cases,
+    seed=408,
+    summary="S = 1 to 5000, S below and above hd, itemsize 4 and 8",
     single=True,
-    mistakes=_memory_mistakes,
+    mistakes=_cache_mistakes,
+    terms=_cache_terms,
+    factors=lambda a: {"itemsize": float(a[4])},
+    hints=("The backward reads the cache (q, k, v, P). Under the causal mask, row i of P is "
+           "nonzero only at the keys j <= i, and the diagonal is never masked.",
+           "Per head, q, k and v hold 3 * S * hd numbers and P's lower triangle holds "
+           "1 + 2 + ... + S of them; there are B * H heads, and each number has itemsize bytes.",
+           "bytes = B * H * (3 * S * hd + S * (S + 1) // 2) * itemsize"),
 )
 
 
-def check_attention_memory(fn: Callable) -> CheckResult:
-    """`fn(B, H, S, itemsize) -> int`, bytes of one layer's attention probabilities.
+def check_attention_cache_bytes(fn: Callable) -> CheckResult:
+    """`fn(B, H, S, hd, itemsize) -> int`, bytes of one layer's attention cache: q, k, v in
+    full and the weights' lower triangle (the diagonal included), packed.
 
     See the "Causal attention" chapter.
     """
-    return check(MEMORY, fn)
+    return check(CACHE, fn)
 
 
-SPECS = [ATTENTION, MEMORY, GQA, ATTENTION_BUG]
+SPECS = [ATTENTION, CACHE, GQA, ATTENTION_BUG]
 
-__all__ = ["check_attention_backward", "check_attention_memory", "check_gqa_backward",
+__all__ = ["check_attention_backward", "check_attention_cache_bytes", "check_gqa_backward",
            "check_attention_find_the_bug"]
