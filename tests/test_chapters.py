@@ -128,11 +128,11 @@ def test_no_chapter_numbers_are_typed_in_notebooks_or_book_pages() -> None:
 
 
 def test_chapters_name_the_rules_by_the_duality_tables_rows() -> None:
-    """One vocabulary: "the matmul row", "the used-twice row"..., not the notation page's
-    numbered rules (that page defines them as three rows of the table, for the prose pages)."""
-    hits = [f"{where}: {m.group(0)!r}" for where, text in book_texts() if where.startswith("note")
-            for m in re.finditer(r"\b[Rr]ules? [123]\b", text)]
-    assert hits == [], f"numbered rules in the chapters: {hits}"
+    """One vocabulary on every page: "the matmul row", "the used-twice row"..., never numbered
+    rules (the notation page derives the same rows again, under their names)."""
+    hits = [f"{where}: {m.group(0)!r}" for where, text in book_texts()
+            for m in re.finditer(r"\b[Rr]ules? [123]\b|\b[Tt]hree rules\b", text)]
+    assert hits == [], f"numbered rules on the pages: {hits}"
 
 
 def _teaching_ext():

@@ -4,8 +4,8 @@ The fast form, with grouped-query attention; the "Causal attention" chapter has 
 This module is what the model runs: every head in one batched product, a kept causal mask, the
 workspace's reused arrays, the query heads of a key/value group stacked into one product. The
 chapter derives the same backward, with the softmax's vector-Jacobian product, first one head at
-a time in loops and then on all heads in a few lines (`attention_forward`, `attention_backward`
-in notebooks/attention.ipynb); its exercises check a learner's version against this module.
+a time in loops and then on all heads in a few lines (its `attention_backward`); its exercises
+check a learner's version against this module.
 """
 
 from __future__ import annotations
