@@ -67,8 +67,14 @@ def shortened(nb: nbformat.NotebookNode, slug: str) -> nbformat.NotebookNode:
 def wheel_site(tmp_path_factory) -> Path:
     """The package as `pip install` of its built wheel puts it: a folder holding only it."""
     out = tmp_path_factory.mktemp("wheel")
+    # built from a copy of what the wheel is made of: the build leaves nothing in the clone
+    src = out / "src"
+    shutil.copytree(ROOT / "xenith_edu", src / "xenith_edu",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-             "--no-index", "-q", "-w", str(out / "dist"), str(ROOT)]
+             "--no-index", "-q", "-w", str(out / "dist"), str(src)]
     subprocess.run(build, check=True, capture_output=True, cwd=out)
     (wheel,) = (out / "dist").glob("xenith_edu-*.whl")
     site = out / "site"
