@@ -130,8 +130,9 @@ ROPE = Spec(
     single=True,
     mistakes=_rope_mistakes,
     terms=_rope_terms,
-    hints=("RoPE rotates each pair (u[2i], u[2i+1]) by an angle: a rotation's Jacobian is the "
-           "rotation itself, so the backward is its transpose, the rotation by -angle.",
+    hints=("RoPE rotates each pair (u[2i], u[2i+1]) by an angle: the Jacobian J of a pair is "
+           "the rotation R(angle) itself, and du = du' J (the pair as a row vector) is the "
+           "rotation by -angle.",
            "a, b = du[..., 0::2], du[..., 1::2]; out[..., 0::2] = a * cos + b * sin; "
            "out[..., 1::2] = -a * sin + b * cos (the forward with sin negated).",
            "du_in[2i] = du[2i] cos + du[2i+1] sin; du_in[2i+1] = -du[2i] sin + du[2i+1] cos"),
@@ -263,7 +264,7 @@ ROPE_FREQ = Spec(
     reference=lambda du, u, omega: (rope_freq_grad(du, u, omega),),
     cases=_freq_cases,
     seed=506,
-    summary="2-D to 4-D, S = 4 to 24, hd/2 = 2 to 8 learned frequencies",
+    summary="2-D to 4-D, S = 4 to 24, hd/2 = 2 to 8",
     single=True,
     mistakes=_freq_mistakes,
     terms=_freq_terms,
