@@ -77,36 +77,17 @@ def numpy_step(params: dict, x: np.ndarray, y: np.ndarray):
 
 def torch_step(params: dict, x: np.ndarray, y: np.ndarray, threads: int):
     import torch  # in the torch child only: the package never imports torch
-    import torch.nn.functional as F  # noqa: N812
+    import torch_model  # the model in PyTorch, written once (imports torch)
+    from torch_model import rope_tables  # with it
 
     torch.set_num_threads(threads)
     p = {k: torch.from_numpy(v).requires_grad_() for k, v in params.items()}  # shared memory
-    H, Hkv, hd, L = CFG.n_head, CFG.n_kv_head, CFG.head_dim, CFG.n_layer
-    ang = torch.arange(S)[:, None] * CFG.rope_theta ** (-torch.arange(0, hd, 2) / hd)[None, :]
-    cos, sin = torch.cos(ang).float(), torch.sin(ang).float()  # (S, hd/2)
+    H, Hkv, hd = CFG.n_head, CFG.n_kv_head, CFG.head_dim
+    cos, sin = rope_tables(S, hd, CFG.rope_theta)  # (S, hd/2)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
 
-    def rope(u):  # (B, heads, S, hd), interleaved pairs as the book's model
-        ue, uo = u[..., 0::2], u[..., 1::2]
-        return torch.stack((ue * cos - uo * sin, ue * sin + uo * cos), dim=-1).flatten(-2)
-
-    def rms(u, w):
-        return u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + CFG.norm_eps) * w
-
     def loss_fn():
-        h = p["wte"][xt]  # (B, S, d)
-        for l in range(L):
-            xb = rms(h, p["rms_attn"][l])
-            q = (xb @ p["wq"][l]).view(B, S, H, hd).transpose(1, 2)
-            k = (xb @ p["wk"][l]).view(B, S, Hkv, hd).transpose(1, 2)
-            v = (xb @ p["wv"][l]).view(B, S, Hkv, hd).transpose(1, 2)
-            a = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True,
-                                               enable_gqa=True)
-            h = h + a.transpose(1, 2).reshape(B, S, -1) @ p["wo"][l]
-            x2b = rms(h, p["rms_ffn"][l])
-            h = h + (F.silu(x2b @ p["w1"][l]) * (x2b @ p["w3"][l])) @ p["w2"][l]
-        logits = rms(h, p["rms_final"]) @ p["wte"].T
-        return F.cross_entropy(logits.view(-1, CFG.vocab_size), yt.view(-1))
+        return torch_model.loss_fn(p, xt, yt, cos, sin, heads=H, kv_heads=Hkv, eps=CFG.norm_eps)
 
     def step() -> float:
         for t in p.values():

@@ -15,7 +15,7 @@ import resource
 import time
 
 import torch
-import torch.nn.functional as F
+from torch_model import loss_fn, rope_tables  # the model, written once for the benchmarks
 
 from xenith_edu.model.params import decays  # which parameters get weight decay
 
@@ -46,29 +46,8 @@ def init(seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
-def rope(u: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    ue, uo = u[..., 0::2], u[..., 1::2]
-    return torch.stack((ue * cos - uo * sin, ue * sin + uo * cos), dim=-1).flatten(-2)
-
-
-def rms(u: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + 1e-5) * w
-
-
-def loss_fn(p: dict, x: torch.Tensor, y: torch.Tensor, cos, sin) -> torch.Tensor:
-    h = p["wte"][x]  # (B, S, D)
-    for l in range(L):
-        xb = rms(h, p["rms_attn"][l])
-        q = (xb @ p["wq"][l]).view(B, S, H, HD).transpose(1, 2)
-        k = (xb @ p["wk"][l]).view(B, S, H, HD).transpose(1, 2)
-        v = (xb @ p["wv"][l]).view(B, S, H, HD).transpose(1, 2)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        h = h + a.transpose(1, 2).reshape(B, S, D) @ p["wo"][l]
-        x2b = rms(h, p["rms_ffn"][l])
-        h = h + (F.silu(x2b @ p["w1"][l]) * (x2b @ p["w3"][l])) @ p["w2"][l]
-    logits = rms(h, p["rms_final"]) @ p["wte"].T
-    return F.cross_entropy(logits.view(-1, V), y.view(-1))
+def book_loss(p: dict, x: torch.Tensor, y: torch.Tensor, cos, sin) -> torch.Tensor:
+    return loss_fn(p, x, y, cos, sin, heads=H, kv_heads=H, eps=1e-5)
 
 
 def main() -> None:
@@ -86,11 +65,10 @@ def main() -> None:
     clock = time.process_time if args.cpu else time.perf_counter
     torch.set_num_threads(args.threads)
     p = init()
-    ang = torch.arange(S)[:, None] * 10000.0 ** (-torch.arange(0, HD, 2) / HD)[None, :]
-    cos, sin = torch.cos(ang), torch.sin(ang)
+    cos, sin = rope_tables(S, HD, 10000.0)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randint(0, V, (B, S), generator=g), torch.randint(0, V, (B, S), generator=g)
-    fn = torch.compile(loss_fn) if args.compile else loss_fn
+    fn = torch.compile(book_loss) if args.compile else book_loss
     decay = [t for k, t in p.items() if decays(k)]
     no_decay = [t for k, t in p.items() if not decays(k)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},

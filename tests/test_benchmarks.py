@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import xenith_edu as xe
+from xenith_edu.rope import rope_tables
 from xenith_edu.training.threads import ThreadShards
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -67,3 +68,30 @@ def test_kernel_children_drop_only_the_kernel_variables(monkeypatch):
     monkeypatch.delenv("OPENBLAS_CORETYPE")
     monkeypatch.delenv("OPENBLAS_L2_SIZE")
     assert list(compare.kernels([], None)) == ["own"]  # nothing forced: one kernel
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_the_benchmarks_pytorch_model_is_the_books_model(kv_heads):
+    """The side-by-side ratios compare one model: PyTorch's loss of the same weights and tokens
+    is ours to float64 rounding, with grouped-query attention and without."""
+    torch = pytest.importorskip("torch")
+    import torch_model
+
+    cfg = xe.Config(vocab_size=11, n_embd=16, n_head=2, n_layer=2, ffn_hidden=24, seq_len=8,
+                    tie_embeddings=True, n_kv_head=kv_heads)
+    rng = np.random.default_rng(1)
+    params = xe.init_params(cfg, seed=3, dtype=np.float64)
+    params = {k: v + 0.1 * rng.standard_normal(v.shape) for k, v in params.items()}  # gains != 1
+    x = rng.integers(0, cfg.vocab_size, (3, cfg.seq_len))
+    y = rng.integers(0, cfg.vocab_size, (3, cfg.seq_len))
+    ours = xe.loss_and_grads(params, cfg, x, y)[0]
+    cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)  # float64
+    p = {k: torch.from_numpy(v) for k, v in params.items()}
+    theirs = torch_model.loss_fn(p, torch.from_numpy(x), torch.from_numpy(y),
+                                 torch.from_numpy(cos), torch.from_numpy(sin), heads=cfg.n_head,
+                                 kv_heads=kv_heads, eps=cfg.norm_eps).item()
+    assert abs(ours - theirs) < 1e-12 * abs(ours), (ours, theirs)
+    # the benchmarks' own tables are these, in float32
+    tables = torch_model.rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
+    for t, ref in zip(tables, (cos, sin), strict=True):
+        assert t.dtype == torch.float32 and np.abs(t.numpy() - ref).max() < 1e-6

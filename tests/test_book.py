@@ -207,6 +207,18 @@ FIGURES = """() => [...document.querySelectorAll('article figure')].map(f => ({
 
 LINKS = "() => [...document.querySelectorAll('a[href]')].map(a => a.href)"
 
+# Code and outputs that run past their box: cut at the page's edge (they must wrap instead).
+# Collapsed ones are opened first, since a reader opens them.
+OVERFLOWING = """() => {
+  document.querySelectorAll('article details').forEach(d => { d.open = true; });
+  document.querySelectorAll('article .toggle-hidden').forEach(
+      e => e.classList.remove('toggle-hidden'));
+  return [...document.querySelectorAll('article pre')]
+    .filter(p => p.clientWidth > 0 && p.scrollWidth > p.clientWidth + 1)
+    .map(p => p.textContent.split('\\n').reduce((a, b) => a.length >= b.length ? a : b)
+                 .slice(0, 100));
+}"""
+
 RAW_TEX = re.compile(r"\$\$|\\\(|\\\)|\\\[|\\\]|\\begin\{|(?<![\w$])\$[^\s$][^$\n]{0,200}\$")
 
 
@@ -292,6 +304,11 @@ def test_page_renders_offline(visit: Visit, site: str, doc: str) -> None:
             'article .tag_hide-input')].filter(c => {
               const d = c.querySelector('details'); return !d || d.open; }).length""")
         assert open_code == 0, f"{doc}: {open_code} hide-input cells not collapsed"
+
+    # code and outputs wrap at the page's edge: no line is cut off (after the checks above,
+    # which need the collapsed state, this opens every collapsed block)
+    cut = page.evaluate(OVERFLOWING)
+    assert not cut, f"{doc}: {len(cut)} code or output blocks run past the page: {cut[:3]}"
 
     assert not visit.outside, f"{doc}: requests leaving the site: {visit.outside}"
     assert not visit.missing, f"{doc}: same-site requests that failed: {visit.missing}"

@@ -168,3 +168,65 @@ def test_teaching_page_times_are_computed_from_the_notebooks() -> None:
         assert t["session"] == t["reading"] + t["minutes"] + (-(t["reading"] + t["minutes"]) % 5)
         assert t["exercises"] >= 1 and t["seconds"] > 0, c.slug
     assert [ext._clock(m) for m in (40, 60, 65, 120)] == ["40 min", "1 h", "1 h 05", "2 h"]
+
+
+# ---------------------------------------------------------------- derive first, then read
+
+
+def _exercises(c: chapters.Chapter) -> tuple[dict, list[dict]]:
+    nb = json.loads((ROOT / f"{c.notebook}.ipynb").read_text("utf-8"))
+    return nb, _teaching_ext().notebook_exercises(nb)
+
+
+@pytest.mark.parametrize("c", chapters.CHAPTERS, ids=lambda c: c.slug)
+def test_every_exercise_says_its_kind_and_every_chapter_asks_for_a_derivation(
+        c: chapters.Chapter) -> None:
+    kinds = _teaching_ext().EXERCISE_KINDS
+    _, found = _exercises(c)
+    assert found, f"{c.slug}: no exercise"
+    unsorted = [e["label"] for e in found if len(set(e["classes"]) & set(kinds)) != 1]
+    assert unsorted == [], f"{c.slug}: exercises without exactly one kind of {kinds}: {unsorted}"
+    assert any("derivation" in e["classes"] for e in found), f"{c.slug}: no derivation"
+
+
+def test_the_kind_parser_reads_a_directive() -> None:
+    nb = {"cells": [{"cell_type": "markdown", "source": [
+        "Text.\n\n```{exercise} Write it\n:label: ex-a\n:class: derivation\n\nDo.\n```"]}]}
+    assert _teaching_ext().notebook_exercises(nb) == [
+        {"cell": 0, "label": "ex-a", "title": "Write it", "classes": ["derivation"]}]
+
+
+def _backward_functions(c: chapters.Chapter) -> list[str]:
+    """The `*_backward` functions of the modules the chapter derives."""
+    names = []
+    for module in c.modules:
+        mod = importlib.import_module(f"xenith_edu.{module}")
+        names += [n for n, f in vars(mod).items() if n.endswith("_backward") and callable(f)
+                  and getattr(f, "__module__", "").startswith(mod.__name__)]
+    return names
+
+
+@pytest.mark.parametrize("c", [c for c in chapters.CHAPTERS if c.modules], ids=lambda c: c.slug)
+def test_the_package_s_answer_is_not_used_before_the_learner_derives_it(
+        c: chapters.Chapter) -> None:
+    """The chapter's first derivation comes before any call of a backward it derives."""
+    nb, found = _exercises(c)
+    first = min(e["cell"] for e in found if "derivation" in e["classes"])
+    calls = [(i, name) for name in _backward_functions(c)
+             for i, cell in enumerate(nb["cells"])
+             if cell["cell_type"] == "code" and re.search(rf"\b{name}\(", "".join(cell["source"]))]
+    early = sorted((i, name) for i, name in calls if i < first)
+    assert early == [], f"{c.slug}: the package's backward runs before the exercise: {early}"
+
+
+@pytest.mark.parametrize("c", chapters.CHAPTERS, ids=lambda c: c.slug)
+def test_gated_solutions_are_collapsed_and_answer_an_exercise_above(c: chapters.Chapter) -> None:
+    nb, found = _exercises(c)
+    for i, cell in enumerate(nb["cells"]):
+        text = "".join(cell["source"])
+        m = re.search(r"\{solution-start\}[ \t]*(\S+)\n((?:[ \t]*:[\w-]+:.*\n)*)", text)
+        if cell["cell_type"] != "markdown" or not m:
+            continue
+        assert ":class: dropdown" in m.group(2), f"{c.slug}, cell {i}: not collapsed"
+        above = [e["label"] for e in found if e["cell"] < i]
+        assert m.group(1) in above, f"{c.slug}, cell {i}: answers {m.group(1)}, not above"

@@ -128,6 +128,28 @@ def test_resume_with_another_number_of_processes(one, tmp_path):
     assert load_checkpoint(out).step == 50
 
 
+def test_fine_tuning_under_mpi_is_the_one_process_fine_tuning(one, tmp_path):
+    """`train --init RUN` on two ranks starts from the run's weights and trains as one process
+    does; rank 0 alone writes the new run."""
+    tune = ["--steps", "6", "--eval-every", "3", "--seq-len", "32", "--batch-size", "8",
+            "--eval-batches", "4", "--no-progress", "--sample-chars", "0", "--init", one]
+    single = subprocess.run([sys.executable, "-m", "xenith_edu", "train", *map(str, tune),
+                             "--out", str(tmp_path / "single")], capture_output=True, text=True,
+                            timeout=LIMIT, stdin=subprocess.DEVNULL)
+    assert single.returncode == 0, single.stderr
+    r = mpiexec(2, *tune, "--out", tmp_path / "two")
+    assert r.returncode == 0, r.stderr
+    assert "2 processes" in r.stdout
+    a, b = load_checkpoint(tmp_path / "single"), load_checkpoint(tmp_path / "two")
+    assert a.step == b.step == 6 and a.config == b.config == load_checkpoint(one).config
+    gap = np.abs(evals(tmp_path / "two") - evals(tmp_path / "single")).max()
+    assert gap <= TARGET, f"validation losses differ by {gap:.2e}"
+    start = load_checkpoint(one).params
+    for k in a.params:
+        np.testing.assert_allclose(b.params[k], a.params[k], atol=1e-4)
+        assert not np.array_equal(a.params[k], start[k]), f"{k} was not trained"
+
+
 def _one_error_line(r):
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode != 0

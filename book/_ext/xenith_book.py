@@ -23,7 +23,8 @@ Chapter tables: the directive `chapter-table` writes a table from the chapter re
 (`xenith_edu.chapters`), so no page types a chapter's number or list: `:columns: derive` gives
 each chapter and what it derives (the introduction), `:columns: exercises` each chapter's
 exercise checks and what the learner writes, `:columns: time` each chapter's words, exercises,
-session and running time, computed from its notebook (both on the teaching page).
+session and running time, computed from its notebook, `:columns: kinds` each chapter's
+exercises by kind, read from the `:class:` of their directives (all three on the teaching page).
 """
 
 from __future__ import annotations
@@ -196,8 +197,46 @@ def _time_rows() -> list[str]:
     return rows
 
 
+# The kind of an exercise is the class of its directive (`:class: derivation`): a derivation
+# asks for what the page has not shown yet, practice for a bug, a count or a conversion.
+EXERCISE_KINDS = ("derivation", "practice")
+EXERCISE_DIRECTIVE = re.compile(
+    r"^(?:`{3,}|:{3,})\{exercise(?:-start)?\}[ \t]*(?P<title>.*)\n"
+    r"(?P<options>(?:[ \t]*:[\w-]+:.*\n)*)", re.M)
+OPTION = re.compile(r"^[ \t]*:([\w-]+):[ \t]*(.*)$", re.M)
+
+
+def notebook_exercises(nb: dict) -> list[dict[str, Any]]:
+    """Every exercise directive of a notebook, in order: its cell, label, title and classes."""
+    found = []
+    for index, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        for m in EXERCISE_DIRECTIVE.finditer("".join(cell["source"]) + "\n"):
+            options = dict(OPTION.findall(m.group("options")))
+            found.append({"cell": index, "label": options.get("label", ""),
+                          "title": m.group("title").strip(),
+                          "classes": options.get("class", "").split()})
+    return found
+
+
+def _kind_rows() -> list[str]:
+    import json
+
+    from xenith_edu import chapters
+
+    rows = ["| chapter | the learner derives | practice |", "| --- | --- | --- |"]
+    for c in chapters.CHAPTERS:
+        nb = json.loads((ROOT / f"{c.notebook}.ipynb").read_text(encoding="utf-8"))
+        kinds = {k: [e["title"] for e in notebook_exercises(nb) if k in e["classes"]]
+                 for k in EXERCISE_KINDS}
+        cells = ["; ".join(_cell(t) for t in kinds[k]) or "none" for k in EXERCISE_KINDS]
+        rows.append(f"| {{doc}}`/{c.notebook}` | " + " | ".join(cells) + " |")
+    return rows
+
+
 def chapter_rows(columns: str) -> list[str]:
-    """The Markdown rows of the registry's table: "derive", "exercises" or "time" columns."""
+    """The Markdown rows of the registry's table: "derive", "exercises", "time" or "kinds"."""
     import importlib
 
     from xenith_edu import chapters
@@ -207,6 +246,8 @@ def chapter_rows(columns: str) -> list[str]:
 
     if columns == "time":
         return _time_rows()
+    if columns == "kinds":
+        return _kind_rows()
     if columns == "derive":
         rows = ["| | chapter | what you derive |", "| --- | --- | --- |"]
         for c in chapters.CHAPTERS:
@@ -227,7 +268,8 @@ def chapter_rows(columns: str) -> list[str]:
 class ChapterTable(SphinxDirective):
     """`chapter-table`: the registry's chapters as a table (see `chapter_rows`)."""
 
-    option_spec = {"columns": lambda arg: directives.choice(arg, ("derive", "exercises", "time"))}
+    option_spec = {"columns": lambda arg: directives.choice(
+        arg, ("derive", "exercises", "time", "kinds"))}
 
     def run(self) -> list[nodes.Node]:
         from xenith_edu import chapters
@@ -235,7 +277,7 @@ class ChapterTable(SphinxDirective):
         self.env.note_dependency(chapters.__file__)
         columns = self.options.get("columns", "derive")
         rows = chapter_rows(columns)
-        if columns in ("exercises", "time"):  # computed from the notebooks: rebuilt with them
+        if columns in ("exercises", "time", "kinds"):  # from the notebooks: rebuilt with them
             for c in chapters.CHAPTERS:
                 self.env.note_dependency(str(ROOT / f"{c.notebook}.ipynb"))
         container = nodes.container()

@@ -1,0 +1,316 @@
+"""A course, not only a grader: the graded rows become points, totals per learner and chapter,
+late marks, the roster's absentees, the written answers, feedback and the LMS's import files.
+
+Grading (grading.py) learns the facts: the teacher's parts, each submission's rows, time and
+written answers. `finish` turns the facts and the teacher's policy into every file; a single
+run and the merge of shards (shards.py) both end here, so their files are the same.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from ..tools.util import atomic_write_text
+from .exports import csv_text, num, write_exports, write_feedback
+from .inputs import LatePolicy, Person, late_policy, read_filled, read_roster, read_timestamps
+from .journal import group_readable
+from .points import Part
+from .report import write_report
+from .roster import COLLISION
+from .statuses import Row
+
+CSV_FIELDS = ("learner", "notebook", "exercise", "status", "points", "max_points", "late",
+              "message", "mistake")  # mistake: the check's first diagnosis, as data
+TOTAL_FIELDS = ("learner", "name", "email", "submitted", "late", "total", "maximum", "percent")
+SHEET_FIELDS = ("learner", "notebook", "question", "max_points", "prompt", "answer", "points",
+                "comment")
+EXPORTS = ("canvas", "moodle")
+OPTIONS = ("roster", "timestamps", "written", "feedback", "export", "deadline", "late_penalty",
+           "late_cutoff")  # the course's options of grade() and grade_merge()
+
+
+@dataclass
+class Entry:
+    """One submission as the course records it (what a shard hands to the merge)."""
+
+    learner: str
+    key: str  # its name in the submissions folder: alice.ipynb, bob
+    index: int  # its place in the whole class, the folder's order
+    folder: bool = False
+    time: float | None = None  # its modification time (seconds since the epoch)
+    problem: str = ""  # why it was not graded (not a notebook, a link)
+    status: str = Row.NOTEBOOK_ERROR  # the row's status when it was not graded
+    answers: dict = field(default_factory=dict)  # teacher's notebook -> {question: answer}
+
+
+@dataclass
+class Policy:
+    """What the teacher decided: the roster, the late policy, the times, the filled sheet."""
+
+    roster: list[Person] | None = None
+    late: LatePolicy = field(default_factory=LatePolicy)
+    times: dict[str, datetime] = field(default_factory=dict)  # from a timestamps file
+    filled: dict = field(default_factory=dict)  # (learner, question) -> (points, comment)
+    feedback: Path | None = None
+    export: tuple[str, ...] = ()
+
+
+@dataclass
+class Learner:
+    """One line of the totals: a roster's learner, a submission, or both."""
+
+    id: str
+    entry: Entry | None
+    person: Person | None
+    note: str = ""  # "not on the roster", "name shared with another submission"
+
+
+def outputs(out_csv: Path) -> dict[str, Path]:
+    """The course's files next to the CSV."""
+    return {k: out_csv.with_name(f"{out_csv.stem}.{k}.{ext}") for k, ext in
+            (("totals", "csv"), ("written", "csv"), ("canvas", "csv"), ("moodle", "csv"),
+             ("course", "json"))}
+
+
+def _ids(entries: list[Entry]) -> dict[str, str]:
+    """Each entry's learner id; learners of the same name are told apart, not merged."""
+    count: dict[str, int] = {}
+    for e in entries:
+        count[e.learner] = count.get(e.learner, 0) + 1
+    return {e.key: (e.key + ("/" if e.folder else "")) if count[e.learner] > 1 else e.learner
+            for e in entries}
+
+
+def learners(entries: list[Entry], roster: list[Person] | None,
+             collided: set[str] = frozenset()) -> list[Learner]:
+    """The class: the roster's learners in its order, then the submissions it does not name.
+
+    `collided`: the names that several submissions would share (the walk grades them apart,
+    under their file names, `dup.ipynb` and `dup/`), whose entries say so in a note."""
+    ids = _ids(entries)
+    shared = {e.learner for e in entries if ids[e.key] != e.learner
+              or e.learner.removesuffix("/").removesuffix(".ipynb") in collided}
+    by_id = {ids[e.key]: e for e in entries}
+    out = []
+    for p in roster or []:
+        out.append(Learner(p.id, by_id.pop(p.id, None), p))
+    for lid, e in by_id.items():
+        note = "name shared with another submission" if e.learner in shared else \
+            ("not on the roster" if roster is not None else "")
+        out.append(Learner(lid, e, None, note))
+    return out
+
+
+def policy(roster: Path | None, late: LatePolicy, timestamps: Path | None,
+           sheets: list[Path], entries: list[Entry], parts: list[Part],
+           feedback: Path | None = None, export: tuple[str, ...] = ()) -> Policy:
+    """The policy, every file of it read and checked now: before anything is graded."""
+    people = read_roster(roster) if roster is not None else None
+    ids = set(_ids(entries).values()) | {p.id for p in people or []}
+    times = read_timestamps(timestamps, ids) if timestamps is not None else {}
+    questions = {q.id: q.points for part in parts for q in part.questions}
+    filled: dict = {}
+    for sheet in sheets:  # the sheet written last time, then the one the teacher gives
+        filled.update(read_filled(sheet, questions, ids))
+    for name in export:
+        if name not in EXPORTS:
+            raise ValueError(f"export: {name!r} is not one of {', '.join(EXPORTS)}")
+    if feedback is not None and feedback.exists() and not feedback.is_dir():
+        raise ValueError(f"feedback: {feedback} is a file: give a folder for the feedback")
+    return Policy(people, late, times, filled, feedback, tuple(dict.fromkeys(export)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Rows and totals.
+
+
+def _absent_rows(lid: str, parts: list[Part]) -> list[tuple]:
+    return [(lid, "", ex, Row.NOT_SUBMITTED, "nothing was handed in", "") for part in parts
+            for ex in part.points]
+
+
+def _written_rows(learner: Learner, parts: list[Part], filled: dict) -> list[tuple]:
+    rows = []
+    for part in parts:
+        for q in part.questions:
+            if learner.entry is None:
+                rows.append((learner.id, "", q.id, Row.NOT_SUBMITTED, "nothing was handed in",
+                             ""))
+                continue
+            points, comment = filled.get((learner.id, q.id), (None, ""))
+            answered = q.id in learner.entry.answers.get(part.notebook, {})
+            status = Row.GRADED if points is not None else Row.TO_GRADE
+            note = comment or ("" if answered or points is not None else
+                               "no answer found in the notebook")
+            rows.append((learner.id, part.notebook, q.id, status, note, ""))
+    return rows
+
+
+def class_rows(people: list[Learner], base: dict[str, list[tuple]], parts: list[Part],
+               pol: Policy) -> list[dict]:
+    """Every row of the CSV: the graded rows with points and late marks, the absentees'
+    rows, and the written answers'."""
+    worth = {ex: p for part in parts for ex, p in part.points.items()}
+    asked = {q.id: q.points for part in parts for q in part.questions}
+    out = []
+    for learner in people:
+        e = learner.entry
+        if e is None:
+            found = _absent_rows(learner.id, parts)
+        elif e.problem:
+            found = [(learner.id, "", "", e.status, e.problem, "")]
+        else:
+            found = [(learner.id, *r[1:]) for r in base[e.key]]
+        found += _written_rows(learner, parts, pol.filled)
+        mark = pol.late.judge(_when(learner, pol))[2]
+        for lid, nb, ex, status, message, mistake in found:
+            most = asked[ex] if ex in asked else worth.get(ex)
+            got = _got(status, most, pol.filled.get((lid, ex)))
+            status = str(getattr(status, "value", status))  # a Status, or a text
+            out.append(dict(zip(CSV_FIELDS, (lid, nb, ex, status, "" if most is None else
+                                            num(got), "" if most is None else num(most),
+                                            mark, message, mistake), strict=True)))
+    return out
+
+
+def _got(status: str, most: float | None, filled: tuple | None) -> float:
+    if most is None:
+        return 0.0
+    if status == Row.PASSED:
+        return most
+    if status == Row.GRADED and filled is not None:
+        return float(filled[0])
+    return 0.0
+
+
+def _when(learner: Learner, pol: Policy) -> datetime | None:
+    if learner.id in pol.times:
+        return pol.times[learner.id]
+    if learner.entry is not None and learner.entry.time is not None:
+        return datetime.fromtimestamp(learner.entry.time).astimezone()
+    return None
+
+
+def totals(people: list[Learner], rows: list[dict], parts: list[Part], pol: Policy
+           ) -> list[dict]:
+    """One line per learner: the total after the late policy, the maximum, the percent, and
+    a subtotal per chapter (each of the teacher's notebooks)."""
+    part_of = {ex: part.chapter for part in parts for ex in [*part.points,
+                                                              *(q.id for q in part.questions)]}
+    raw: dict[str, dict[str, float]] = {p.id: {part.chapter: 0.0 for part in parts}
+                                        for p in people}
+    for r in rows:
+        if r["points"]:
+            raw[r["learner"]][part_of[r["exercise"]]] += float(r["points"])
+    maximum = sum(sum(part.points.values()) + sum(q.points for q in part.questions)
+                  for part in parts)
+    out = []
+    for p in people:
+        days, factor, mark = pol.late.judge(_when(p, pol))
+        subs = {ch: v * factor for ch, v in raw[p.id].items()}
+        total = sum(subs.values())
+        line = {"learner": p.id, "name": p.person.name if p.person else "",
+                "email": p.person.email if p.person else "",
+                "submitted": "no" if p.entry is None else ("yes" if not p.note else
+                                                           f"yes, {p.note}"),
+                "late": mark, "total": num(total), "maximum": num(maximum),
+                "percent": f"{100 * total / maximum:.1f}" if maximum else "0.0"}
+        line.update({ch: num(v) for ch, v in subs.items()})
+        out.append(line)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The files.
+
+
+def sheet_rows(people: list[Learner], parts: list[Part], filled: dict) -> list[dict]:
+    """The sheet of written answers the teacher fills in, with what was filled so far."""
+    out = []
+    for learner in people:
+        if learner.entry is None:
+            continue
+        for part in parts:
+            for q in part.questions:
+                points, comment = filled.get((learner.id, q.id), (None, ""))
+                out.append(dict(zip(SHEET_FIELDS, (
+                    learner.id, part.notebook, q.id, num(q.points), q.prompt,
+                    learner.entry.answers.get(part.notebook, {}).get(q.id, ""),
+                    "" if points is None else num(points), comment), strict=True)))
+    return out
+
+
+def finish(out_csv: Path, entries: list[Entry], base: dict[str, list[tuple]],
+           parts: list[Part], pol: Policy, meta: dict) -> list[dict]:
+    """Write the CSV, the totals, the report, the written sheet, the feedback and the exports;
+    return the CSV's rows."""
+    # a name collision is a row of the CSV and a note, not a learner of the totals or the LMS
+    collided = [e for e in entries if e.status == COLLISION]
+    people = learners([e for e in entries if e.status != COLLISION], pol.roster,
+                      {e.learner for e in collided})
+    rows = class_rows(people, base, parts, pol)
+    rows += [dict(zip(CSV_FIELDS, (e.learner, "", "", e.status, "", "", "", e.problem, ""),
+                      strict=True)) for e in collided]
+    lines = totals(people, rows, parts, pol)
+    files = outputs(out_csv)
+    written: list[Path] = [out_csv, files["totals"]]
+    atomic_write_text(out_csv, csv_text(CSV_FIELDS, rows))
+    atomic_write_text(files["totals"], csv_text([*TOTAL_FIELDS, *(p.chapter for p in parts)],
+                                                lines))
+    if any(part.questions for part in parts):
+        atomic_write_text(files["written"], csv_text(SHEET_FIELDS,
+                                                     sheet_rows(people, parts, pol.filled)))
+        written.append(files["written"])
+    report_path = out_csv.with_name(out_csv.stem + ".md")
+    questions = [q.id for part in parts for q in part.questions]
+    write_report(report_path, rows, {**meta, "csv": out_csv.name, "questions": questions},
+                 people, lines)
+    written.append(report_path)
+    written += write_exports(files, pol.export, people, lines, parts)
+    if pol.feedback is not None:
+        write_feedback(pol.feedback, people, rows, lines)
+    for path in written:
+        group_readable(path)
+    return rows
+
+
+def entry_time(source: Path) -> float | None:
+    """A submission's time: its modification time, the latest of a folder's notebooks."""
+    from .roster import learner_notebooks  # the one walk of a learner's folder
+
+    try:
+        if not source.is_dir():
+            return os.lstat(source).st_mtime
+        times = [os.lstat(source / rel).st_mtime for rel in learner_notebooks(source)]
+        return max(times) if times else os.lstat(source).st_mtime
+    except OSError:
+        return None
+
+
+def entry_of(i: int, entry: tuple[str, Path | None, str]) -> Entry:
+    learner, source, problem = entry
+    if source is None:  # a key no file name can have: "/" never stands in one
+        status, text = problem if problem else (Row.NOTEBOOK_ERROR, "not graded")
+        return Entry(learner, f"/{learner}", i, problem=text, status=status)
+    return Entry(learner, source.name, i, source.is_dir(), entry_time(source))
+
+
+def from_options(given: dict, entries: list, parts: list, sheet: Path) -> Policy:
+    """The teacher's course options, every file read and checked now, before any grading."""
+    from .student import _as_path  # the one check of a path argument (student reads notebooks)
+
+    unknown = set(given) - set(OPTIONS)
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {sorted(unknown)[0]!r}")
+    path = {k: None if given.get(k) is None else _as_path(given[k], k)
+            for k in ("roster", "timestamps", "written", "feedback")}
+    sheets = [p for p in (sheet if sheet.is_file() else None, path["written"])
+              if p is not None]
+    late = late_policy(given.get("deadline"), given.get("late_penalty"), given.get("late_cutoff"))
+    export = given.get("export") or ()
+    export = (export,) if isinstance(export, str) else tuple(export)
+    return policy(path["roster"], late, path["timestamps"], list(dict.fromkeys(sheets)),
+                         entries, parts, path["feedback"], export)

@@ -1,0 +1,186 @@
+"""The teacher's notebooks, read for the course: each exercise's points, the written questions
+the teacher grades by hand, and the cells that grading skips.
+
+Points and written questions use nbgrader's cell metadata, so notebooks made for nbgrader carry
+over: `metadata.nbgrader.points` on the check cell (or the cell of the function), and a markdown
+cell with `solution` and `grade` set (or the tag `written-answer`) for a written answer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .roster import Exercise
+
+SKIP_TAG = "skip-grading"  # a code cell grading does not run (a long training run, a figure)
+WRITTEN_TAG = "written-answer"  # a markdown cell that holds a written answer
+DEFAULT_POINTS = 1.0
+MAX_NOTEBOOK = 64 << 20  # bytes of a learner's notebook read here, in the grader's process
+MAX_ANSWER = 20_000  # characters of one written answer kept
+
+
+@dataclass(frozen=True)
+class Question:
+    """A written answer the teacher grades by hand: its key in the notebook, its points."""
+
+    id: str
+    points: float
+    prompt: str
+
+
+@dataclass(frozen=True)
+class Part:
+    """One teacher's notebook as the course counts it: its exercises' points, its questions."""
+
+    notebook: str
+    points: dict[str, float]  # exercise id -> points, in the notebook's order
+    questions: tuple[Question, ...] = ()
+
+    @property
+    def chapter(self) -> str:
+        """The name of the notebook's subtotal: its file name without .ipynb."""
+        return self.notebook.removesuffix(".ipynb")
+
+    def as_dict(self) -> dict:
+        return {"notebook": self.notebook, "points": self.points,
+                "questions": [[q.id, q.points, q.prompt] for q in self.questions]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Part:
+        return cls(str(d["notebook"]), {str(k): float(v) for k, v in d["points"].items()},
+                   tuple(Question(str(i), float(p), str(t)) for i, p, t in d["questions"]))
+
+
+def _tags(cell: dict) -> list:
+    meta = cell.get("metadata")
+    tags = meta.get("tags") if isinstance(meta, dict) else None
+    return tags if isinstance(tags, list) else []
+
+
+def _nbgrader(cell: dict) -> dict:
+    meta = cell.get("metadata")
+    found = meta.get("nbgrader") if isinstance(meta, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def cell_key(cell: dict) -> str | None:
+    """How a cell is found again in a learner's copy: nbgrader's grade_id, else the cell's id."""
+    for key in (_nbgrader(cell).get("grade_id"), cell.get("id")):
+        if isinstance(key, str) and key:
+            return key
+    return None
+
+
+def _source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+def _points(cell: dict, where: str) -> float | None:
+    points = _nbgrader(cell).get("points")
+    if points is None:
+        return None
+    if isinstance(points, bool) or not isinstance(points, int | float) or \
+            not math.isfinite(points) or points < 0:
+        raise ValueError(f"{where}: metadata.nbgrader.points is {points!r}: give a number of "
+                         "points, 0 or more")
+    return float(points)
+
+
+def is_written(cell: dict) -> bool:
+    meta = _nbgrader(cell)
+    return cell.get("cell_type") == "markdown" and (
+        WRITTEN_TAG in _tags(cell) or (meta.get("solution") is True and meta.get("grade") is True))
+
+
+def read_part(path: Path, exercises: list[Exercise]) -> Part:
+    """The points of `exercises` in the teacher's notebook `path`, and its written questions."""
+    from .student import _read_notebook  # nbformat, imported by the reader of notebooks
+
+    cells = _read_notebook(path).cells
+    found: dict[str, float] = {}
+    questions, prompt = [], ""
+    for n, cell in enumerate(cells, start=1):
+        where = f"{path.name}, cell {n}"
+        if cell.get("cell_type") == "code":
+            for ex in exercises:
+                calls = re.search(rf"\bcheck_{ex.id}\s*\(", _source(cell))
+                defines = re.search(rf"^\s*def\s+{ex.fn}\s*\(", _source(cell), re.MULTILINE)
+                if (calls or (defines and ex.id not in found)) and \
+                        (points := _points(cell, where)) is not None:
+                    found[ex.id] = points
+        elif is_written(cell):
+            key = cell_key(cell) or f"cell-{n}"
+            if any(q.id == key for q in questions):
+                raise ValueError(f"{where}: a second written answer with the id {key!r}: give "
+                                 "each its own nbgrader grade_id")
+            points = _points(cell, where)
+            questions.append(Question(key, DEFAULT_POINTS if points is None else points, prompt))
+        elif cell.get("cell_type") == "markdown":
+            prompt = " ".join(_source(cell).split())[:300]
+    return Part(path.name, {e.id: found.get(e.id, DEFAULT_POINTS) for e in exercises},
+                tuple(questions))
+
+
+def read_parts(instructor: Path | None, teacher: list[tuple[str, list[Exercise]]]
+               ) -> list[Part]:
+    """The course's parts: one per teacher's notebook that is graded."""
+    from .roster import _instructor  # the one rule of where the teacher's notebooks are
+
+    paths = {p.name: p for p in _instructor(instructor)}
+    return [read_part(paths[name], exercises) for name, exercises in teacher]
+
+
+# ----------------------------------------------------------------------------------------------
+# The learner's notebook, read here: bounded, never followed through a link, any bytes.
+
+
+def _load(path: Path) -> dict | None:
+    try:
+        st = os.lstat(path)
+        if not (path.is_file() and not path.is_symlink()) or st.st_size > MAX_NOTEBOOK:
+            return None
+        nb = json.loads(path.read_bytes().decode("utf-8", "replace"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    return nb if isinstance(cells, list) else None
+
+
+def blank_skipped(path: Path) -> int:
+    """Empty, in the grader's private copy `path`, the code cells tagged `skip-grading`;
+    returns how many. A notebook that cannot be read is left for the sandbox to report."""
+    nb = _load(path)
+    if nb is None:
+        return 0
+    count = 0
+    for cell in nb["cells"]:
+        if isinstance(cell, dict) and cell.get("cell_type") == "code" and \
+                SKIP_TAG in _tags(cell):
+            cell["source"] = ""
+            count += 1
+    if count:
+        with open(path, "w", encoding="utf-8") as f:  # in place: the copy keeps its owner
+            json.dump(nb, f)
+    return count
+
+
+def answers(path: Path, questions: tuple[Question, ...]) -> dict[str, str]:
+    """The learner's answer to each written question found in their notebook `path`."""
+    nb = _load(path) if questions else None
+    if nb is None:
+        return {}
+    wanted = {q.id for q in questions}
+    out: dict[str, str] = {}
+    for n, cell in enumerate(nb["cells"], start=1):
+        if not isinstance(cell, dict) or cell.get("cell_type") != "markdown":
+            continue
+        key = cell_key(cell) or f"cell-{n}"
+        if key in wanted and key not in out:
+            out[key] = _source(cell).strip()[:MAX_ANSWER]
+    return out

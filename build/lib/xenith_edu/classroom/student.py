@@ -1,0 +1,268 @@
+"""Student versions of the chapter notebooks: nbgrader's solution regions become stubs.
+The statements, signatures and check cells stay; outputs are cleared; a book's notebooks gain
+a setup cell (`setup_cell`); nothing else changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from ..tools.util import atomic_write_text, one_line
+
+# nbgrader's markers. Code between BEGIN and END SOLUTION becomes a stub that raises
+# NotImplementedError; markdown between them becomes TEXT_STUB; hidden tests are dropped.
+BEGIN_SOLUTION = re.compile(r"^(\s*)#+\s*BEGIN SOLUTION\s*$")
+END_SOLUTION = re.compile(r"^\s*#+\s*END SOLUTION\s*$")
+BEGIN_HIDDEN = re.compile(r"^\s*#+\s*BEGIN HIDDEN TESTS\s*$")
+END_HIDDEN = re.compile(r"^\s*#+\s*END HIDDEN TESTS\s*$")
+CODE_STUB = "raise NotImplementedError()"
+TEXT_STUB = "YOUR ANSWER HERE"
+# sphinx-exercise solutions: a {solution} directive (one cell), or a gated pair
+# {solution-start} ... {solution-end} spanning cells.
+SOLUTION_DIRECTIVE = re.compile(r"^\s*(`{3,}|:{3,})\s*\{solution\}")
+SOLUTION_START = re.compile(r"^\s*(`{3,}|:{3,})\s*\{solution-start\}", re.MULTILINE)
+SOLUTION_END = re.compile(r"^\s*(`{3,}|:{3,})\s*\{solution-end\}", re.MULTILINE)
+
+
+
+def _as_path(value: object, name: str) -> Path:
+    if isinstance(value, str | os.PathLike):
+        return Path(value)
+    raise TypeError(f"{name} must be a path (str or pathlib.Path), got {type(value).__name__}")
+
+
+def _strip_regions(source: str, where: str, code: bool) -> tuple[str, bool]:
+    """Replace every solution region of one cell's source; drop hidden tests."""
+    out: list[str] = []
+    lines = source.split("\n")
+    changed = False
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        begin = BEGIN_SOLUTION.match(line)
+        if begin or BEGIN_HIDDEN.match(line):
+            end_re = END_SOLUTION if begin else END_HIDDEN
+            j = i + 1
+            while j < len(lines) and not end_re.match(lines[j]):
+                j += 1
+            if j == len(lines):
+                marker = "### END SOLUTION" if begin else "### END HIDDEN TESTS"
+                raise ValueError(f"{where}: line {i + 1} opens a region that no {marker} closes")
+            if begin:
+                indent = begin.group(1)
+                if code and not indent:
+                    raise ValueError(f"{where}: the solution at line {i + 1} is not inside a "
+                                     "function body; the stub that replaces it would stop the "
+                                     "notebook (indent it inside the exercise's function)")
+                out.append(indent + (CODE_STUB if code else TEXT_STUB))
+            changed = True
+            i = j + 1
+            continue
+        if END_SOLUTION.match(line) or END_HIDDEN.match(line):
+            raise ValueError(f"{where}: line {i + 1} closes a region that was never opened")
+        out.append(line)
+        i += 1
+    return "\n".join(out), changed
+
+
+def _drop_solution_blocks(source: str) -> str:
+    """The markdown `source` without its {solution} directives (fence to closing fence)."""
+    out: list[str] = []
+    fence = ""
+    for line in source.split("\n"):
+        if fence:  # inside a solution: a line of at least as many fence characters closes it
+            bare = line.strip()
+            if len(bare) >= len(fence) and set(bare) == {fence[0]}:
+                fence = ""
+            continue
+        opening = SOLUTION_DIRECTIVE.match(line)
+        if opening:
+            fence = opening.group(1)
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
+def _student_notebook(nb, name: str):  # nb: nbformat.NotebookNode
+    """The student version of one notebook, built in place on `nb` (a private copy)."""
+    cells = []
+    in_gated = False
+    for index, cell in enumerate(nb.cells):
+        where = f"{name}, cell {index + 1}"
+        source = cell.source
+        if cell.cell_type == "markdown":
+            if in_gated:
+                in_gated = not SOLUTION_END.search(source)
+                continue
+            if SOLUTION_START.search(source):
+                in_gated = not SOLUTION_END.search(source)
+                continue
+            source = _drop_solution_blocks(source)
+            if not source.strip():
+                continue  # a solution cell: removed from the student version
+        elif in_gated:
+            continue  # code inside a gated solution goes with it
+        new_source, changed = _strip_regions(source, where, code=cell.cell_type == "code")
+        cell.source = new_source
+        if changed:
+            tags = [t for t in cell.metadata.get("tags", []) if t != "hide-input"]
+            if tags:
+                cell.metadata["tags"] = tags
+            else:
+                cell.metadata.pop("tags", None)
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+            cell.metadata.pop("execution", None)
+        cells.append(cell)
+    if in_gated:
+        raise ValueError(f"{name}: a {{solution-start}} is never closed by a {{solution-end}}")
+    nb.cells = cells
+    return nb
+
+
+# The setup cell that opens a student notebook of the book: it does nothing where xenith_edu
+# imports; in a clone of the repository it imports the clone's package; elsewhere (Colab, or a
+# Binder opened from a launch button) it installs the package from the book's repository,
+# `repository.url` of the book's _config.yml, read when the student versions are made.
+SETUP_TAG = "setup"
+REPOSITORY_BLOCK = re.compile(r"^repository:[ \t]*\n((?:[ \t]+.*(?:\n|$)|[ \t]*\n)*)", re.MULTILINE)
+REPOSITORY_KEY = re.compile(r"^[ \t]+(url|branch):[ \t]*[\"']?([^\"'#\n]*?)[\"']?[ \t]*(?:#.*)?$",
+                            re.MULTILINE)
+
+
+def book_repository(src: Path) -> tuple[str, str] | None:
+    """`(repository.url, repository.branch)` of the _config.yml of the book holding `src`.
+
+    None when no folder from `src` up holds a _config.yml (a notebook outside a book).
+    """
+    start = src.resolve() if src.is_dir() else src.resolve().parent
+    for folder in (start, *start.parents):
+        config = folder / "_config.yml"
+        if config.is_file():
+            block = REPOSITORY_BLOCK.search(config.read_text(encoding="utf-8"))
+            keys = dict(REPOSITORY_KEY.findall(block.group(1))) if block else {}
+            return keys.get("url", "").strip(), keys.get("branch", "").strip()
+    return None
+
+
+def setup_cell(url: str, branch: str = ""):  # -> nbformat.NotebookNode
+    """The setup cell: a no-op where xenith_edu imports; else it uses a clone of the book's
+    repository found above the working folder, else installs the package from `url`.
+
+    With no `url` and no clone, it says in one line how to get the package.
+    """
+    from nbformat.v4 import new_code_cell  # only when notebooks are read or written
+
+    if url:
+        package = f"git+{url}" + (f"@{branch}" if branch else "")
+        fallback = ["        import importlib", "        import subprocess", "",
+                    "        # the package from the book's repository",
+                    f"        package = {json.dumps(package)}",
+                    '        subprocess.run([sys.executable, "-m", "pip", "install", "-q",',
+                    "                        package], check=True)",
+                    "        importlib.invalidate_caches()"]
+        says = "(Colab, Binder) it installs\n# it from the book's repository."
+    else:
+        fallback = ['        raise ImportError("this notebook needs the package xenith_edu: "',
+                    '                          "run `make lab` in a clone of the book\'s "',
+                    '                          "repository, or pip install it") from None']
+        says = "it says in one line\n# how to get it."
+    lines = ["# Setup: nothing to do where xenith_edu imports; in a clone of the book's",
+             f"# repository it uses the clone's package; elsewhere {says}",
+             "import sys", "from pathlib import Path", "", "try:",
+             "    import xenith_edu  # noqa: F401", "except ImportError:",
+             "    here = Path.cwd().resolve()",
+             "    clone = [p for p in (here, *here.parents)",
+             "             if (p / \"xenith_edu\" / \"chapters.py\").is_file()]",
+             "    if clone:",
+             "        sys.path.insert(0, str(clone[0]))  # the clone's package, as it is",
+             "    else:", *fallback,
+             "    import xenith_edu  # noqa: F401,E402"]
+    # a fixed id: the student version of a notebook is the same file every time it is made
+    return new_code_cell("\n".join(lines), id="xenith-edu-setup", metadata={"tags": [SETUP_TAG]})
+
+
+def add_setup_cell(nb, url: str, branch: str = "") -> None:
+    """Put the setup cell first, after the title cell when the notebook opens with one."""
+    first = nb.cells[0] if nb.cells else None
+    titled = first is not None and first.cell_type == "markdown" and first.source.startswith("# ")
+    nb.cells.insert(1 if titled else 0, setup_cell(url, branch))
+
+
+def _require(*modules: str) -> None:
+    """Import the notebook machinery, or say in one line how to install it."""
+    import importlib  # only when notebooks are read or written
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise ImportError(f"the classroom needs the package {name}: pip install nbformat "
+                              "nbclient ipykernel") from None
+
+
+def _read_notebook(path: Path):
+    import nbformat  # only when notebooks are read or written
+
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+        nbformat.validate(nb)
+    except Exception as exc:  # invalid JSON, not a notebook, unsupported version...
+        raise ValueError(f"{path.name} is not a valid notebook: {one_line(exc)[:200]}") from None
+    return nb
+
+
+def make_student_versions(src: Path, out: Path,
+                          repository: tuple[str, str] | None = None) -> list[Path]:
+    """Write student copies of the notebook `src` (or of every *.ipynb in the folder `src`).
+
+    In each copy, code between `### BEGIN SOLUTION` and `### END SOLUTION` becomes
+    `raise NotImplementedError()` at the same indentation; markdown solution regions become
+    "YOUR ANSWER HERE"; cells holding a `{solution}` directive (or between `{solution-start}`
+    and `{solution-end}`) are removed; `### BEGIN/END HIDDEN TESTS` regions are dropped; outputs
+    are cleared. Notebooks of a book (a _config.yml above `src`) get the setup cell of
+    `add_setup_cell` after their title (`repository`, `(url, branch)`, overrides the book's
+    _config.yml; the book's build passes its own). The copies keep their file names, in the
+    folder `out` (created if needed). Returns their paths. Raises ValueError naming what is
+    wrong; nothing is written then.
+    """
+    _require("nbformat")
+    import nbformat  # only when notebooks are read or written
+
+    src, out = _as_path(src, "src"), _as_path(out, "out")
+    if not src.exists():
+        raise ValueError(f"src: {src} does not exist (give a notebook .ipynb or a folder of them)")
+    if src.is_file():
+        if src.suffix != ".ipynb":
+            raise ValueError(f"src: {src} is not a notebook (.ipynb)")
+        sources = [src]
+    else:
+        sources = sorted(p for p in src.glob("*.ipynb") if p.is_file())
+        if not sources:
+            raise ValueError(f"src: no notebook (.ipynb) in the folder {src}")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out: {out} exists and is not a folder")
+    if out.resolve() in {p.parent.resolve() for p in sources}:
+        raise ValueError(f"out: {out} is the folder of the source notebooks; the student "
+                         "versions would overwrite the solutions (choose another folder)")
+
+    if repository is None:
+        repository = book_repository(sources[0])  # None outside a book: no setup cell
+    versions = []  # transform everything first: one bad notebook writes nothing
+    for path in sources:
+        nb = _student_notebook(_read_notebook(path), path.name)
+        if repository is not None:
+            add_setup_cell(nb, *repository)
+        versions.append((out / path.name, nbformat.writes(nb) + "\n"))
+    out.mkdir(parents=True, exist_ok=True)
+    for target, text in versions:
+        atomic_write_text(target, text)
+    return [target for target, _ in versions]
+
+
+__all__ = ["add_setup_cell", "book_repository",
+           "make_student_versions", "setup_cell"]

@@ -1,0 +1,148 @@
+"""Exercises of the chapter on many processes: the global gradient from the shards', and what a
+ring all-reduce sends. See the "Many processes" chapter; each check diagnoses the usual slips.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from .engine import check
+from .kit import amax, randn
+from .types import Case, CheckResult, Mistake, Spec
+
+# Shape legend: K ranks (shards), n_r positions of shard r, N = sum of n_r; a gradient has the
+# shape of its parameter (any shape), so the K shard gradients stack to (K, ...).
+
+
+def global_gradient_reference(shard_grads: np.ndarray, shard_sizes: np.ndarray) -> tuple:
+    """sum_r n_r g_r / sum_r n_r: the gradient of the mean loss over all N positions."""
+    w = np.asarray(shard_sizes, dtype=np.float64)  # (K,)
+    g = np.tensordot(w / w.sum(), shard_grads.astype(np.float64), axes=1)  # (...)
+    return (g.astype(shard_grads.dtype),)
+
+
+def _gradient_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    plans = [  # K, equal shards?, dtype, shape of one gradient
+        (int(rng.integers(2, 5)), True, np.float64, (int(rng.integers(2, 5)), 3)),
+        (int(rng.integers(3, 7)), False, np.float64, (int(rng.integers(3, 7)),)),
+        (int(rng.integers(2, 4)), False, np.float32, (2, int(rng.integers(2, 4)), 3)),
+        (1, True, np.float64, (4,)),
+    ]
+    for K, equal, dtype, shape in plans:
+        n = int(rng.integers(8, 65))
+        sizes = np.full(K, n) if equal else rng.integers(4, 65, K)
+        if not equal and len(set(sizes.tolist())) == 1:
+            sizes[0] += 3  # shards of different sizes, as the label says
+        grads = randn(rng, (K, *shape), dtype) + float(rng.uniform(0.5, 1.5))  # no zero mean
+        what = "equal shards" if equal else "shards of different sizes"
+        cases.append(Case(f"{np.dtype(dtype).name}, K={K} {what} of {sizes.tolist()} "
+                          f"positions, gradients of shape {shape}",
+                          (grads, sizes.astype(np.int64))))
+    return cases
+
+
+def _gradient_mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    grads, sizes = args
+    w = sizes.astype(np.float64)
+    equal = len(set(sizes.tolist())) == 1
+    return [
+        ("the shards' gradients are summed: each one is already a mean over its own shard, so "
+         "their sum is K times too large. Average them, weighted by the shards' sizes.",
+         lambda: {"grad": grads.sum(axis=0)} if len(sizes) > 1 else {}),
+        ("the shards' gradients are averaged without weights: a shard with more positions "
+         "holds more of the loss's terms. Weight shard r by n_r / sum(n).",
+         lambda: {} if equal else {"grad": grads.mean(axis=0)}),
+        ("each shard is weighted by its size n_r, but the sum is not divided by the number of "
+         "positions sum(n): the gradient of a sum, not of the mean.",
+         lambda: {"grad": np.tensordot(w, grads, axes=1)}),
+        ("the sum of the shards' gradients is divided by the number of positions: each shard's "
+         "gradient is already divided by its own n_r.",
+         lambda: {"grad": grads.sum(axis=0) / w.sum()}),
+    ]
+
+
+GLOBAL_GRADIENT = Spec(
+    id="global_gradient",
+    reference_name="sum_r n_r g_r / sum_r n_r",
+    arg_names=("shard_grads", "shard_sizes"),
+    out_names=("grad",),
+    kinds=("array",),
+    reference=global_gradient_reference,
+    cases=_gradient_cases,
+    seed=1301,
+    summary="equal and unequal shards, one shard alone, float32 and float64",
+    single=True,
+    mistakes=_gradient_mistakes,
+    floor=lambda a: {"grad": amax(a[0])},
+    shape_hints={"grad": "the shape of one shard's gradient: shard_grads[0].shape"},
+)
+
+
+def check_global_gradient(fn: Callable) -> CheckResult:
+    """`fn(shard_grads (K, ...), shard_sizes (K,)) -> grad (...)`: the global batch's gradient
+    from the gradients of its K shards' mean losses. See the "Many processes" chapter.
+    """
+    return check(GLOBAL_GRADIENT, fn)
+
+
+def ring_bytes_reference(n_params: int, itemsize: int, K: int) -> tuple:
+    """2 (K-1) messages of one chunk, n_params / K numbers, each of itemsize bytes."""
+    return (2 * (K - 1) * (n_params // K) * itemsize,)
+
+
+def _ring_cases(rng: np.random.Generator) -> list[Case]:
+    sizes = [(813_696, 4, 2), (813_696, 4, 64), (int(rng.integers(2, 50)) * 81_369_600, 2, 8),
+             (int(rng.integers(1000, 9000)) * 3, 8, 3), (int(rng.integers(10, 99)) * 7, 4, 7),
+             (int(rng.integers(100, 999)), 4, 1)]
+    cases = []
+    for n, itemsize, K in sizes:
+        n -= n % K  # the ring cuts the buffer into K equal chunks
+        cases.append(Case(f"n_params={n:,}, itemsize={itemsize}, K={K}", (n, itemsize, K)))
+    return cases
+
+
+def _ring_mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    n, i, K = args
+    chunk = n // K
+    return [
+        ("the count is in numbers, not bytes: multiply by the itemsize.",
+         lambda: {"bytes": 2 * (K - 1) * chunk} if i > 1 and K > 1 else {}),
+        ("this is half the traffic: the reduce-scatter sends (K-1) chunks, and the all-gather "
+         "that follows sends (K-1) more.",
+         lambda: {"bytes": (K - 1) * chunk * i} if K > 1 else {}),
+        ("each of the 2 (K-1) messages carries one chunk of n_params / K numbers, not the "
+         "whole buffer.", lambda: {"bytes": 2 * (K - 1) * n * i} if K > 1 else {}),
+        ("a ring of K ranks takes K-1 steps per phase, not K: a rank never sends to itself.",
+         lambda: {"bytes": 2 * K * chunk * i}),
+    ]
+
+
+RING_BYTES = Spec(
+    id="ring_allreduce_bytes",
+    reference_name="2 * (K - 1) * (n_params // K) * itemsize",
+    arg_names=("n_params", "itemsize", "K"),
+    out_names=("bytes",),
+    kinds=("int",),
+    reference=ring_bytes_reference,
+    cases=_ring_cases,
+    seed=1302,
+    summary="the book model on 2 and 64 ranks, a model of billions, odd K, K = 1",
+    single=True,
+    mistakes=_ring_mistakes,
+)
+
+
+def check_ring_allreduce_bytes(fn: Callable) -> CheckResult:
+    """`fn(n_params, itemsize, K) -> int`: bytes each rank sends in a ring all-reduce.
+
+    See the "Many processes" chapter.
+    """
+    return check(RING_BYTES, fn)
+
+
+SPECS = [GLOBAL_GRADIENT, RING_BYTES]
+
+__all__ = ["check_global_gradient", "check_ring_allreduce_bytes"]

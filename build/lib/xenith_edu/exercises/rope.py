@@ -1,0 +1,314 @@
+"""Exercises of the RoPE chapter: the backward, the tables, and the rotate-half convention.
+
+See the "RoPE" chapter; each check diagnoses the usual mistakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..rope import rope_tables
+from .engine import check
+from .fit import Term
+from .kit import amax, int_sampler, log_uniform, randn
+from .types import Case, CheckResult, Mistake, Spec
+
+# Shape legend: B batch, H heads, S positions, hd head width (even).
+
+
+def package_rope_backward(du: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """The package's RoPE backward in the learner's signature (du, cos, sin)."""
+    from .. import rope  # the package's own, as the notebook has it
+
+    _, cache = rope.rope_forward(du, cos, sin)  # the cache holds the tables, not du
+    return rope.rope_backward(du, cache)
+
+
+def tables(S: int, hd: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    return rope_tables(S, hd, theta)
+
+
+def _rope_cases(rng: np.random.Generator) -> list[Case]:
+    ints = int_sampler(rng)
+
+    shapes = [  # label, shape, dtype, theta
+        ("", (ints(4, 8), 2 * ints(2, 5)), np.float64, log_uniform(rng, 1e3, 1e5)),
+        ("", (2, ints(2, 3), ints(3, 6), 4), np.float32, log_uniform(rng, 1e3, 1e5)),
+        ("S=1 (one position), ", (1, 2, 1, 2 * ints(2, 4)), np.float64,
+         log_uniform(rng, 1e3, 1e5)),
+        ("", (ints(2, 4), ints(5, 8), 2), np.float64, log_uniform(rng, 1e3, 1e5)),
+        ("long sequence, ", (2, ints(48, 64), 16), np.float64, log_uniform(rng, 50, 200)),
+    ]
+    cases = []
+    for what, shape, dtype, theta in shapes:
+        cos, sin = tables(shape[-2], shape[-1], theta)  # (S, hd/2) each
+        label = f"{np.dtype(dtype).name}, {what}du {shape}, theta={theta:.4g}"
+        cases.append(Case(label, (randn(rng, shape, dtype), cos, sin)))
+    return cases
+
+
+def pairs(u: np.ndarray, c: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Interleaved pairs (u[2i], u[2i+1]) rotated by the angle of (c, s)."""
+    out = np.empty_like(u)
+    out[..., 0::2] = u[..., 0::2] * c - u[..., 1::2] * s
+    out[..., 1::2] = u[..., 0::2] * s + u[..., 1::2] * c
+    return out
+
+
+def halves(u: np.ndarray, c: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Rotate-half pairs (u[i], u[i + hd/2]) rotated by the angle of (c, s)."""
+    h = u.shape[-1] // 2
+    a, b = u[..., :h], u[..., h:]
+    return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
+
+
+def _swap_pairs(du: np.ndarray) -> np.ndarray:
+    """The index that swaps the two elements of every pair: 1, 0, 3, 2, ..."""
+    return np.arange(du.shape[-1]).reshape(-1, 2)[:, ::-1].reshape(-1)
+
+
+def _rope_mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    du, cos, sin = args
+    return [
+        ("RoPE rotated the wrong way: the backward is the rotation by -angle (the transpose), "
+         "(du[2i]*cos + du[2i+1]*sin, -du[2i]*sin + du[2i+1]*cos).",
+         lambda: {"du_in": pairs(du, cos, sin)}),
+        ("du came back unrotated: the backward rotates each pair by -angle.",
+         lambda: {"du_in": du}),
+        ("cos and sin are swapped.", lambda: {"du_in": pairs(du, sin, -cos)}),
+        ("the pairs are (u[i], u[i + hd/2]) (the rotate-half convention); this book pairs "
+         "neighbours (u[2i], u[2i+1]).", lambda: {"du_in": halves(du, cos, -sin)}),
+        ("the pairs are shifted by one: u[2i+1] is taken as a pair's first element and u[2i] "
+         "as its second; a pair is (u[2i], u[2i+1]), the even index first.",
+         lambda: {"du_in": pairs(du[..., _swap_pairs(du)], cos, -sin)}),
+        ("the pairs are shifted by one: they start at u[1], (u[2i+1], u[2i+2]); a pair is "
+         "(u[2i], u[2i+1]), starting at u[0].", lambda: {"du_in": _shifted(du, cos, sin)}),
+        ("the pairs are (u[i], u[i + hd/2]) and rotated the wrong way; this book pairs "
+         "neighbours (u[2i], u[2i+1]) and the backward rotates by -angle.",
+         lambda: {"du_in": halves(du, cos, sin)}),
+    ]
+
+
+def _slots(du: np.ndarray, even: np.ndarray | None = None,
+           odd: np.ndarray | None = None) -> np.ndarray:
+    """An array like du holding `even` at the slots 2i and `odd` at 2i+1 (zeros elsewhere)."""
+    out = np.zeros_like(du)  # (..., S, hd)
+    if even is not None:
+        out[..., 0::2] = even
+    if odd is not None:
+        out[..., 1::2] = odd
+    return out
+
+
+def _rope_terms(args: tuple) -> dict[str, list[Term]]:
+    """du_in[2i] = du[2i] cos + du[2i+1] sin, du_in[2i+1] = -du[2i] sin + du[2i+1] cos."""
+    du, cos, sin = args
+    a, b = du[..., 0::2], du[..., 1::2]  # (..., S, hd/2) the pairs' first and second
+    return {"du_in": [Term("du[2i] * cos (at 2i)", _slots(du, even=a * cos)),
+                      Term("du[2i+1] * sin (at 2i)", _slots(du, even=b * sin)),
+                      Term("-du[2i] * sin (at 2i+1)", _slots(du, odd=-a * sin)),
+                      Term("du[2i+1] * cos (at 2i+1)", _slots(du, odd=b * cos))]}
+
+
+def _shifted(du: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """The backward with pairs that start one element later: (u[2i+1], u[2i+2]), wrapping."""
+    return np.roll(pairs(np.roll(du, -1, axis=-1), cos, -sin), 1, axis=-1)
+
+
+ROPE = Spec(
+    id="rope_backward",
+    reference_name="xenith_edu.rope.rope_backward",
+    arg_names=("du", "cos", "sin"),
+    out_names=("du_in",),
+    kinds=("array",),
+    reference=lambda du, cos, sin: (package_rope_backward(du, cos, sin),),
+    cases=_rope_cases,
+    seed=505,
+    summary="float64 and float32, 2-D to 4-D, S = 1 to 64",
+    single=True,
+    mistakes=_rope_mistakes,
+    terms=_rope_terms,
+    hints=("RoPE rotates each pair (u[2i], u[2i+1]) by an angle: a rotation's Jacobian is the "
+           "rotation itself, so the backward is its transpose, the rotation by -angle.",
+           "a, b = du[..., 0::2], du[..., 1::2]; out[..., 0::2] = a * cos + b * sin; "
+           "out[..., 1::2] = -a * sin + b * cos (the forward with sin negated).",
+           "du_in[2i] = du[2i] cos + du[2i+1] sin; du_in[2i+1] = -du[2i] sin + du[2i+1] cos"),
+    floor=lambda a: {"du_in": amax(a[0])},
+    dtype_hint="The tables are float64: cast them to du's dtype (cos.astype(du.dtype)).",
+)
+
+
+def check_rope_backward(fn: Callable) -> CheckResult:
+    """`fn(du (..., S, hd), cos (S, hd/2), sin (S, hd/2)) -> du_in`, same shape.
+
+    See the "RoPE" chapter.
+    """
+    return check(ROPE, fn)
+
+
+def _rope_tables_mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    S, hd, theta = args
+
+    def angles(t: np.ndarray, exponent: np.ndarray) -> dict:
+        angle = t[:, None] * theta ** exponent[None, :]
+        return {"cos": np.cos(angle), "sin": np.sin(angle)}
+
+    t, i = np.arange(S, dtype=np.float64), np.arange(hd // 2, dtype=np.float64)
+    table = [
+        ("cos and sin are swapped.", lambda: {"cos": exp["sin"], "sin": exp["cos"]}),
+        ("the exponent's sign: the frequencies are theta ** (-2i/hd), slower for larger i.",
+         lambda: angles(t, 2 * i / hd)),
+        ("the exponent is -i/hd where -2i/hd is needed.", lambda: angles(t, -i / hd)),
+        ("positions start at 1: they start at 0 (position 0 is not rotated).",
+         lambda: angles(t + 1, -2 * i / hd)),
+    ]
+    for fixed in (10000.0, 500000.0):  # the usual bases, typed in instead of read
+        table.append((f"theta is fixed at {fixed:g} instead of read from the argument theta.",
+                      lambda fixed=fixed: angles(t, -2 * i / hd * np.log(fixed) / np.log(theta))
+                      if fixed != theta else {}))
+    return table
+
+
+def _rope_tables_cases(rng: np.random.Generator) -> list[Case]:
+    ints = int_sampler(rng)
+
+    sizes = [(ints(6, 12), 2 * ints(2, 4), log_uniform(rng, 1e3, 1e5)),
+             (ints(12, 16), 8, log_uniform(rng, 100, 1e3)), (1, 2, log_uniform(rng, 1e3, 1e5)),
+             (ints(3, 8), 6, log_uniform(rng, 1e5, 5e5))]
+    return [Case(f"seq_len={S}, head_dim={hd}, theta={theta:.6g}", (S, hd, theta))
+            for S, hd, theta in sizes]
+
+
+ROPE_TABLES = Spec(
+    id="rope_tables",
+    reference_name="xenith_edu.rope.rope_tables",
+    arg_names=("seq_len", "head_dim", "theta"),
+    out_names=("cos", "sin"),
+    kinds=("array", "array"),
+    reference=tables,
+    cases=_rope_tables_cases,
+    seed=506,
+    summary="seq_len 1 to 16, head_dim 2 to 8, theta 100 to 500000",
+    mistakes=_rope_tables_mistakes,
+    floor=lambda a: {"cos": 1.0, "sin": 1.0},
+    shape_hints={"cos": "One row per position, one column per pair: (seq_len, head_dim // 2).",
+                 "sin": "One row per position, one column per pair: (seq_len, head_dim // 2)."},
+)
+
+
+def check_rope_tables(fn: Callable) -> CheckResult:
+    """`fn(seq_len, head_dim, theta) -> (cos, sin)`, each (seq_len, head_dim // 2).
+
+    See the "RoPE" chapter.
+    """
+    return check(ROPE_TABLES, fn)
+
+
+def _half_mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    du, cos, sin = args
+    return [
+        ("rotated the wrong way: the backward is the rotation by -angle (the transpose), "
+         "(du[i]*cos + du[i+hd/2]*sin, -du[i]*sin + du[i+hd/2]*cos).",
+         lambda: {"du_in": halves(du, cos, sin)}),
+        ("du came back unrotated: the backward rotates each pair by -angle.",
+         lambda: {"du_in": du}),
+        ("the pairs are neighbours (u[2i], u[2i+1]), the interleaved convention; rotate-half "
+         "pairs u[i] with u[i + hd/2].", lambda: {"du_in": pairs(du, cos, -sin)}),
+        ("cos and sin are swapped.", lambda: {"du_in": halves(du, sin, -cos)}),
+    ]
+
+
+ROPE_HALF = Spec(
+    id="rope_half_backward",
+    reference_name="the rotate-half RoPE backward",
+    arg_names=("du", "cos", "sin"),
+    out_names=("du_in",),
+    kinds=("array",),
+    reference=lambda du, cos, sin: (halves(du, cos.astype(du.dtype), -sin.astype(du.dtype)),),
+    cases=lambda rng: _rope_cases(rng),
+    seed=507,
+    summary="float64 and float32, 2-D to 4-D, S = 1 to 64",
+    single=True,
+    mistakes=_half_mistakes,
+    floor=lambda a: {"du_in": amax(a[0])},
+    dtype_hint="The tables are float64: cast them to du's dtype (cos.astype(du.dtype)).",
+)
+
+
+def check_rope_half_backward(fn: Callable) -> CheckResult:
+    """`fn(du (..., S, hd), cos (S, hd/2), sin (S, hd/2)) -> du_in` for rotate-half RoPE.
+
+    The rotate-half forward pairs u[i] with u[i + hd/2] (GPT-NeoX, Hugging Face LLaMA):
+    (u[i] cos - u[i + hd/2] sin, u[i] sin + u[i + hd/2] cos). See the "RoPE" chapter.
+    """
+    return check(ROPE_HALF, fn)
+
+
+def half_to_interleaved(n_heads: int, head_dim: int) -> np.ndarray:
+    """Columns of wq (d, H*hd) for rotate-half RoPE, reordered for interleaved RoPE.
+
+    Inside each head, interleaved column 2i takes rotate-half column i and 2i+1 takes
+    i + hd/2, so both conventions give the same rotated queries (in the interleaved order).
+    """
+    h = head_dim // 2
+    one = np.stack([np.arange(h), np.arange(h) + h], axis=-1).reshape(-1)  # (hd,)
+    return (one[None, :] + head_dim * np.arange(n_heads)[:, None]).reshape(-1)
+
+
+def _perm_mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    H, hd = args
+    h = hd // 2
+    one = np.concatenate([np.arange(0, hd, 2), np.arange(1, hd, 2)])  # the inverse, one head
+    heads = hd * np.arange(H)[:, None]
+    return [
+        ("that is the inverse permutation (interleaved to rotate-half): column 2i of the "
+         "interleaved weights must take rotate-half column i.",
+         lambda: {"perm": (one[None, :] + heads).reshape(-1)}),
+        ("the permutation runs over all H * hd columns as if they were one head: it must act "
+         "inside each head's hd columns.",
+         lambda: {"perm": half_to_interleaved(1, H * hd)} if H > 1 else {}),
+        ("each pair is in the wrong order: column 2i takes rotate-half column i, and 2i+1 takes "
+         "i + hd/2.", lambda: {"perm": (np.stack([np.arange(h) + h, np.arange(h)], axis=-1)
+                                        .reshape(-1)[None, :] + heads).reshape(-1)}),
+    ]
+
+
+def _perm_cases(rng: np.random.Generator) -> list[Case]:
+    ints = int_sampler(rng)
+
+    # head_dim 6 at least somewhere: for 2 and 4 the permutation is its own inverse
+    sizes = [(ints(2, 4), 2 * ints(3, 4)), (1, 2 * ints(2, 5)), (ints(2, 3), 2)]
+    return [Case(f"n_heads={H}, head_dim={hd}", (H, hd)) for H, hd in sizes]
+
+
+ROPE_PERMUTATION = Spec(
+    id="rope_permutation",
+    reference_name="xenith_edu.exercises.rope.half_to_interleaved",
+    arg_names=("n_heads", "head_dim"),
+    out_names=("perm",),
+    kinds=("array",),
+    reference=lambda H, hd: (half_to_interleaved(H, hd),),
+    cases=_perm_cases,
+    seed=508,
+    summary="one to four heads, head_dim 2 to 10",
+    single=True,
+    mistakes=_perm_mistakes,
+    floor=lambda a: {"perm": 1.0},
+    tol=0.0,
+    shape_hints={"perm": "One index per column of wq: n_heads * head_dim of them."},
+    dtype_hint="Build it with np.arange (integers).",
+)
+
+
+def check_rope_permutation(fn: Callable) -> CheckResult:
+    """`fn(n_heads, head_dim) -> perm (n_heads*head_dim,)`: wq[:, perm] turns rotate-half
+    weights into interleaved ones (and wk likewise). See the "RoPE" chapter."""
+    return check(ROPE_PERMUTATION, fn)
+
+
+SPECS = [ROPE, ROPE_TABLES, ROPE_HALF, ROPE_PERMUTATION]
+
+__all__ = ["check_rope_backward", "check_rope_tables", "check_rope_half_backward",
+           "check_rope_permutation"]

@@ -1,0 +1,138 @@
+"""Causal attention without the (S, S) matrix: the blockwise online softmax, forward and backward.
+The fast form, with grouped-query attention; the readable form is the memory chapter's, one head.
+
+The chapter "Memory: attention without the S×S matrix" writes the same algorithm for one head
+with plain loops (`flash_forward_head`, `flash_backward_head` in notebooks/memory.ipynb); this
+module runs it on every head at once, the query heads of a key/value group side by side, and is
+what the model calls with `Config(attention="flash")`. The plain version is in `attention`.
+It trusts its inputs: the block size comes from `Config.flash_block`, checked there.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+# Shape legend: B batch, H query heads, Hkv key/value heads (dividing H), G = H // Hkv query
+# heads per key/value head, S positions, hd head width, bq/bk the rows of one query/key block
+# (at most block_size). Only (B, Hkv, G, bq, bk) blocks of scores ever exist.
+
+DEFAULT_BLOCK = 64
+
+
+class FlashCache(NamedTuple):
+    """What the backward needs: the inputs, the output and the row log-sum-exp, nothing (S, S).
+
+    q, k, v recompute each block's scores; L = log sum_j exp(score_ij) turns a score back into
+    its probability, exp(score - L); out gives D = rowsum(dout * out). block_size is a number.
+    """
+
+    q: np.ndarray  # (B, H, S, hd)
+    k: np.ndarray  # (B, Hkv, S, hd)
+    v: np.ndarray  # (B, Hkv, S, hd)
+    out: np.ndarray  # (B, H, S, hd)
+    L: np.ndarray  # (B, H, S) row log-sum-exp of the scaled, masked scores
+    block_size: int
+
+
+def _scores(qs: np.ndarray, k: np.ndarray, i0: int, j0: int, tri: np.ndarray) -> np.ndarray:
+    """One block of scaled scores (B, Hkv, G, bq, bk), the causal mask added on a diagonal block."""
+    s = qs @ np.swapaxes(k, -1, -2)  # (B, Hkv, G, bq, bk), k (B, Hkv, 1, bk, hd) broadcast
+    if i0 == j0:  # the diagonal block: a key after its query gets -inf
+        s += tri[: s.shape[-2], : s.shape[-1]]
+    return s
+
+
+def flash_attention_forward(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, block_size: int = DEFAULT_BLOCK
+) -> tuple[np.ndarray, FlashCache]:
+    """softmax(q k^T / sqrt(hd) + causal mask) @ v, one block at a time; q (B, H, S, hd), k and
+    v (B, Hkv, S, hd): query head j reads key/value head j // G (grouped-query attention).
+
+    For each block of queries, the key blocks up to the diagonal are visited in order while a
+    running max m, a running sum l and an unnormalised output acc are kept per row; when the max
+    grows, l and acc are rescaled by exp(m_old - m_new), which makes the result exact.
+    Returns `(out, cache)`, out (B, H, S, hd); the cache holds no (S, S) array.
+    """
+    bs = block_size  # an int >= 1: Config.flash_block is checked where the model is configured
+    B, H, S, hd = q.shape
+    Hkv = k.shape[1]
+    dt = q.dtype.type
+    qs = q * dt(1.0 / np.sqrt(hd))  # (B, H, S, hd) scaled once, as the plain version does
+    qs = qs.reshape(B, Hkv, H // Hkv, S, hd)  # (B, Hkv, G, S, hd) a view: the heads by group
+    kg, vg = k[:, :, None], v[:, :, None]  # (B, Hkv, 1, S, hd) views, shared by the group
+    tri = np.triu(np.full((bs, bs), -np.inf, dtype=q.dtype), k=1)  # (bs, bs) diagonal mask
+    out = np.empty(qs.shape, q.dtype)  # (B, Hkv, G, S, hd)
+    L = np.empty(qs.shape[:-1], dtype=q.dtype)  # (B, Hkv, G, S)
+    for i0 in range(0, S, bs):
+        i1 = min(i0 + bs, S)
+        qi = qs[..., i0:i1, :]  # (B, Hkv, G, bq, hd)
+        m = np.full(qi.shape[:-1] + (1,), -np.inf, dtype=q.dtype)  # (B, Hkv, G, bq, 1) running
+        # max
+        l = np.zeros_like(m)  # (B, Hkv, G, bq, 1) running sum of exp(score - m)
+        acc = np.zeros_like(qi)  # (B, Hkv, G, bq, hd) running sum of exp(score - m) v
+        for j0 in range(0, i1, bs):  # key blocks up to the diagonal; later ones are all masked
+            j1 = min(j0 + bs, S)
+            s = _scores(qi, kg[..., j0:j1, :], i0, j0, tri)  # (B, Hkv, G, bq, bk)
+            m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # finite: j0 = 0 comes first
+            alpha = np.exp(m - m_new)  # (B, Hkv, G, bq, 1) rescales what was summed against m
+            s -= m_new
+            p = np.exp(s, out=s)  # (B, Hkv, G, bq, bk) unnormalised probabilities, masked: 0
+            l = alpha * l + p.sum(axis=-1, keepdims=True)
+            acc *= alpha
+            acc += p @ vg[..., j0:j1, :]
+            m = m_new
+        out[..., i0:i1, :] = acc / l
+        L[..., i0:i1] = (m + np.log(l))[..., 0]
+    out, L = out.reshape(B, H, S, hd), L.reshape(B, H, S)  # views, the heads in order again
+    # backward needs q, k, v (to recompute the scores), out (for D) and L (for the probabilities).
+    return out, FlashCache(q, k, v, out, L, bs)
+
+
+def flash_attention_backward(
+    dout: np.ndarray, cache: FlashCache
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients `(dq, dk, dv)` given `dout` (B, H, S, hd), recomputing P block by block.
+
+    P_ij = exp(score_ij - L_i) is rebuilt from q, k and L; the softmax's row sums
+    rowsum(P * dP) are replaced by D = rowsum(dout * out), which is the same number per row.
+    """
+    q, k, v, out, L, bs = cache
+    B, H, S, hd = q.shape
+    Hkv = k.shape[1]
+    G = H // Hkv
+    scale = q.dtype.type(1.0 / np.sqrt(hd))
+    qs = (q * scale).reshape(B, Hkv, G, S, hd)  # (B, Hkv, G, S, hd) as in the forward
+    tri = np.triu(np.full((bs, bs), -np.inf, dtype=q.dtype), k=1)  # (bs, bs)
+    dout = dout.reshape(B, Hkv, G, S, hd)  # (B, Hkv, G, S, hd)
+    D = np.einsum("...ij,...ij->...i", dout, out.reshape(dout.shape))[..., None]  # (B, Hkv,
+    # G, S, 1) rowsum(dO * O)
+    Lc = L.reshape(B, Hkv, G, S, 1)  # (B, Hkv, G, S, 1)
+    dq = np.zeros_like(qs)  # (B, Hkv, G, S, hd): every key block adds to it
+    dk = np.empty_like(k)  # (B, Hkv, S, hd)
+    dv = np.empty_like(v)  # (B, Hkv, S, hd)
+    for j0 in range(0, S, bs):
+        j1 = min(j0 + bs, S)
+        kj, vj = k[:, :, None, j0:j1], v[:, :, None, j0:j1]  # (B, Hkv, 1, bk, hd)
+        dkj = np.zeros_like(kj)  # (B, Hkv, 1, bk, hd) summed over the query blocks and the
+        dvj = np.zeros_like(vj)  # group's heads that see key j (fan-in)
+        for i0 in range(j0, S, bs):  # query blocks from the diagonal on; earlier ones see 0
+            i1 = min(i0 + bs, S)
+            # p = exp(score - L): the forward's probabilities, recomputed
+            s = _scores(qs[..., i0:i1, :], kj, i0, j0, tri)  # (B, Hkv, G, bq, bk)
+            s -= Lc[..., i0:i1, :]
+            p = np.exp(s, out=s)  # (B, Hkv, G, bq, bk)
+            doi = dout[..., i0:i1, :]  # (B, Hkv, G, bq, hd)
+            # out = p @ v: v's block is read by the G heads of its group, their parts add
+            dvj += (np.swapaxes(p, -1, -2) @ doi).sum(axis=2, keepdims=True)
+            dp = doi @ np.swapaxes(vj, -1, -2)  # (B, Hkv, G, bq, bk)
+            # p = softmax(score): ds = p * (dp - rowsum(p * dp)), and rowsum(p * dp) = D
+            dp -= D[..., i0:i1, :]
+            dp *= p  # now ds (B, Hkv, G, bq, bk)
+            # score = (q * scale) @ k^T
+            dq[..., i0:i1, :] += (dp @ kj) * scale
+            dkj += (np.swapaxes(dp, -1, -2) @ qs[..., i0:i1, :]).sum(axis=2, keepdims=True)
+        dk[..., j0:j1, :] = dkj[:, :, 0]
+        dv[..., j0:j1, :] = dvj[:, :, 0]
+    return dq.reshape(B, H, S, hd), dk, dv

@@ -1,0 +1,184 @@
+"""Sampling: the trained model writes, one token at a time, with a key-value cache.
+The cached decoding is the model's own forward pass, block by block, on the new positions only.
+
+Each new token comes from softmax(logits / temperature) at the last position, optionally
+restricted to the top-k most likely tokens. The KV cache keeps every layer's rotated keys and
+values, so each new token costs one position's forward pass instead of the whole context's
+(see the chapter "Memory: attention without the S×S matrix"). With grouped-query attention
+the cache holds the n_kv_head key/value heads only, smaller by the group factor.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..embedding import embedding_forward
+from .checks import check_params, check_tokens
+from .config import Config
+from .tokenizer import CharTokenizer
+from .transformer import (
+    PastKV,
+    forward,
+    head_forward,
+    layer_forward,
+    layer_params,
+    qk_rope_tables,
+)
+
+# Shape legend: T new positions fed at once (the prompt, then 1), P = pos + T positions seen,
+# d width, Hkv key/value heads, hd head width, V vocab, L layers, C = seq_len.
+
+
+def next_token_probs(
+    logits: np.ndarray, temperature: float = 1.0, top_k: int | None = None
+) -> np.ndarray:
+    """Probabilities (V,) in float64 from one position's logits (V,)."""
+    z = logits.astype(np.float64) / temperature  # (V,)
+    if top_k is not None and top_k < z.size:
+        kth = np.partition(z, -top_k)[-top_k]  # the k-th largest logit
+        z = np.where(z < kth, -np.inf, z)  # everything below it gets probability 0
+    z -= z.max()
+    p = np.exp(z)
+    return p / p.sum()
+
+
+class KVCache(NamedTuple):
+    """Every layer's keys (after RoPE) and values for the positions seen so far.
+
+    A new query attends to all of them, so they are all the attention of later tokens needs;
+    nothing else of a past position is ever read again. One sequence (B = 1); the key/value
+    heads only (Hkv = n_kv_head), which the query heads of a group share.
+    """
+
+    k: np.ndarray  # (L, 1, Hkv, C, hd) rotated keys, positions [0, pos) filled
+    v: np.ndarray  # (L, 1, Hkv, C, hd) values
+
+
+def kv_cache_bytes(cfg: Config, itemsize: int, batch: int = 1) -> int:
+    """Bytes of a full KV cache: keys and values of every layer, key/value head and position."""
+    return 2 * cfg.n_layer * batch * cfg.n_kv_head * cfg.seq_len * cfg.head_dim * itemsize
+
+
+def empty_kv_cache(cfg: Config, dtype: type) -> KVCache:
+    """A KV cache for one sequence of up to seq_len positions, nothing filled yet."""
+    shape = (cfg.n_layer, 1, cfg.n_kv_head, cfg.seq_len, cfg.head_dim)  # (L, 1, Hkv, C, hd)
+    return KVCache(np.empty(shape, dtype), np.empty(shape, dtype))
+
+
+class Prepared(NamedTuple):
+    """What every feed reads and nothing changes: made once per `generate`, not per token."""
+
+    cos: np.ndarray  # (C, (d + dkv)/2) the RoPE tables of every position (`qk_rope_tables`)
+    sin: np.ndarray  # (C, (d + dkv)/2)
+    layers: list[dict[str, np.ndarray]]  # each layer's parameters, `layer_params` views
+
+
+def _prepare(params: dict[str, np.ndarray], cfg: Config) -> Prepared:
+    cos, sin = qk_rope_tables(cfg, cfg.seq_len, params["wte"].dtype)  # (C, (d + dkv)/2)
+    return Prepared(cos, sin, [layer_params(params, l) for l in range(cfg.n_layer)])
+
+
+def _feed(
+    params: dict[str, np.ndarray], cfg: Config, w: Prepared, kv: KVCache, ids: np.ndarray,
+    pos: int,
+) -> np.ndarray:
+    """Run T new tokens `ids` (T,) at positions pos .. pos+T-1; store their k, v; logits (V,).
+
+    The model's forward pass, its own block functions, restricted to the new positions: each
+    layer's new queries attend to the cached keys of positions [0, pos) and to the new ones up
+    to themselves (`PastKV`). Only the last position goes through the head.
+    """
+    T = len(ids)
+    cos, sin = w.cos[pos : pos + T], w.sin[pos : pos + T]  # (T, (d + dkv)/2) new positions
+    h, _ = embedding_forward(params["wte"], np.asarray(ids)[None, :])  # (1, T, d)
+    h = h.reshape(T, cfg.n_embd)  # (T, d) the residual stream of the new positions
+    for l, p in enumerate(w.layers):
+        h, _ = layer_forward(h, p, cfg, cos, sin, PastKV(kv.k[l], kv.v[l], pos))  # (T, d)
+    logits, _ = head_forward(h[-1:], params, cfg)  # (1, V) the last position only
+    return logits[0]  # (V,)
+
+
+def _check_sampling(rng: object, temperature: float, top_k: int | None,
+                    max_new_tokens: int, prompt_ids: np.ndarray) -> list[int]:
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError("rng must be a np.random.Generator, e.g. np.random.default_rng(seed)")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be at least 1 (or None for no limit), got {top_k}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    ids = [int(i) for i in np.asarray(prompt_ids).ravel()]
+    if not ids:
+        raise ValueError("prompt_ids is empty: give the model at least one token to start from")
+    return ids
+
+
+def generate(
+    params: dict[str, np.ndarray],
+    cfg: Config,
+    prompt_ids: np.ndarray,
+    max_new_tokens: int,
+    rng: np.random.Generator,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    kv_cache: bool = True,
+) -> np.ndarray:
+    """The prompt ids followed by `max_new_tokens` sampled ids, shape (len(prompt) + new,).
+
+    The context is cropped to the last seq_len tokens. With `kv_cache` (the default) the prompt
+    is fed once and then one token at a time; once the context is longer than seq_len, every
+    position shifts at each step, so the cache is rebuilt from the cropped context, which costs
+    what recomputing costs. `kv_cache=False` recomputes the whole context for every token.
+    Both draw the same tokens from the same rng, up to rounding of the logits.
+    """
+    ids = _check_sampling(rng, temperature, top_k, max_new_tokens, prompt_ids)
+    if not kv_cache:
+        for _ in range(max_new_tokens):
+            context = np.array(ids[-cfg.seq_len:], dtype=np.int64)[None, :]  # (1, S) cropped
+            logits, _ = forward(params, cfg, context)  # (1, S, V)
+            p = next_token_probs(logits[0, -1], temperature, top_k)  # (V,)
+            ids.append(int(rng.choice(cfg.vocab_size, p=p)))
+        return np.array(ids, dtype=np.int64)
+    check_params(params, cfg)  # what forward checks, since the cached path does not call it
+    check_tokens("prompt_ids", np.array(ids[-cfg.seq_len:], dtype=np.int64)[None, :], cfg)
+    w, kv = _prepare(params, cfg), empty_kv_cache(cfg, params["wte"].dtype)
+    pos = 0  # positions [0, pos) of the cache hold the context's keys and values
+    new = np.array(ids[-cfg.seq_len:], dtype=np.int64)  # (T,) the first feed: the prompt
+    for _ in range(max_new_tokens):
+        logits = _feed(params, cfg, w, kv, new, pos)  # (V,)
+        pos += len(new)
+        p = next_token_probs(logits, temperature, top_k)  # (V,)
+        ids.append(int(rng.choice(cfg.vocab_size, p=p)))
+        if pos < cfg.seq_len:
+            new = np.array(ids[-1:], dtype=np.int64)  # (1,) only the token just drawn
+        else:  # the window slides: every position moves, rebuild from the cropped context
+            pos, new = 0, np.array(ids[-cfg.seq_len:], dtype=np.int64)
+    return np.array(ids, dtype=np.int64)
+
+
+def sample_text(
+    params: dict[str, np.ndarray],
+    cfg: Config,
+    tokenizer: CharTokenizer,
+    prompt: str = "\n",
+    max_new_tokens: int = 500,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    seed: int = 0,
+    kv_cache: bool = True,
+) -> str:
+    """The prompt and its continuation, as text. Characters outside the vocabulary raise."""
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+    if prompt == "":
+        raise ValueError("prompt is empty: give at least one character, e.g. a newline")
+    try:
+        prompt_ids = tokenizer.encode(prompt)
+    except ValueError as e:
+        raise ValueError(f"prompt: {e}") from e
+    rng = np.random.default_rng(seed)
+    ids = generate(params, cfg, prompt_ids, max_new_tokens, rng, temperature, top_k, kv_cache)
+    return tokenizer.decode(ids)

@@ -1,0 +1,185 @@
+"""A Hugging Face LLaMA in the book's layout and back: config.json as a `Config`, the weights
+transposed, q_proj and k_proj re-paired from rotate-half to interleaved (see "A real LLaMA").
+
+Shape legend: V vocab, d width, H heads, Hkv key/value heads, hd head width, f SwiGLU hidden,
+L layers. A checkpoint's nn.Linear weight is (out, in); ours is (in, out).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..config import Config
+from ..params import param_shapes
+
+INT_FIELDS = {"vocab_size": "vocab_size", "hidden_size": "n_embd",
+              "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
+              "intermediate_size": "ffn_hidden", "max_position_embeddings": "seq_len"}
+IGNORED = ("rotary_emb.inv_freq",)  # buffers older checkpoints store: recomputed, not learned
+
+
+def _refuse(field: str, value: object, why: str) -> ValueError:
+    return ValueError(f"config.json field {field} = {value!r}: {why}; nothing was written")
+
+
+def _number(hf: dict, key: str, kind: type, default: object = None) -> object:
+    value = hf.get(key, default)
+    ok = isinstance(value, kind) and not isinstance(value, bool)
+    if kind is float:
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+              and 0 < value < math.inf)
+    elif ok:
+        ok = value > 0
+    if not ok:
+        raise _refuse(key, value, f"expected a positive {kind.__name__}")
+    return value
+
+
+def _rope_theta(hf: dict) -> float:
+    """rope_theta, at the top (older files) or in rope_parameters; only the default RoPE."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = hf.get(key)
+        if rope is None:
+            continue
+        if not isinstance(rope, dict):
+            raise _refuse(key, rope, "expected a JSON object or null")
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind != "default":
+            raise _refuse(key, kind, "the book's model has plain RoPE only (no scaling), so "
+                                     "this checkpoint cannot be represented")
+        if "rope_theta" in rope:
+            return float(_number(rope, "rope_theta", float))
+    return float(_number(hf, "rope_theta", float, 10000.0))
+
+
+def config_from_hf(hf: object) -> Config:
+    """The `Config` of a LLaMA config.json (already parsed); ValueError naming the field that
+    the book's model cannot represent (RoPE scaling, biases, head_dim, activation, type)."""
+    if not isinstance(hf, dict):
+        raise ValueError(f"config.json holds a {type(hf).__name__}, not a JSON object")
+    if hf.get("model_type", "llama") != "llama":
+        raise _refuse("model_type", hf.get("model_type"), "only LLaMA checkpoints are read")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise _refuse("hidden_act", hf.get("hidden_act"), "the book's SwiGLU gates with SiLU")
+    for key in ("attention_bias", "mlp_bias"):
+        if hf.get(key, False) is not False:
+            raise _refuse(key, hf.get(key), "the book's model has no bias terms")
+    sizes = {ours: _number(hf, key, int) for key, ours in INT_FIELDS.items()}
+    H = sizes["n_head"]
+    hkv = _number(hf, "num_key_value_heads", int, H)
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and head_dim != sizes["n_embd"] // H:
+        raise _refuse("head_dim", head_dim, f"the book's heads are hidden_size / "
+                                            f"num_attention_heads = {sizes['n_embd'] // H} wide")
+    tie = hf.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise _refuse("tie_word_embeddings", tie, "expected true or false")
+    pad = hf.get("pad_token_id")
+    if pad is not None and not (isinstance(pad, int) and not isinstance(pad, bool)
+                                and 0 <= pad < sizes["vocab_size"]):
+        pad = None  # a pad id outside the table (some files say -1): the table has no pad row
+    theta, eps = _rope_theta(hf), float(_number(hf, "rms_norm_eps", float, 1e-6))
+    try:
+        return Config(**sizes, n_kv_head=hkv, tie_embeddings=tie, rope_theta=theta,
+                      norm_eps=eps, pad_token_id=pad)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config.json describes a model the book's cannot be: {e}") from None
+
+
+def config_to_hf(cfg: Config) -> dict:
+    """The config.json of `cfg` for transformers' LlamaForCausalLM."""
+    out = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+           "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+           "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.head_dim,
+           "tie_word_embeddings": cfg.tie_embeddings, "rms_norm_eps": cfg.norm_eps,
+           "rope_theta": cfg.rope_theta, "rope_scaling": None,
+           "pad_token_id": cfg.pad_token_id, "torch_dtype": "float32"}
+    out.update({key: getattr(cfg, ours) for key, ours in INT_FIELDS.items()})
+    return out
+
+
+def pair_rows(n_heads: int, hd: int) -> np.ndarray:
+    """For our output coordinate c*hd + 2i + r (pair i of head c), the checkpoint's row
+    c*hd + r*hd/2 + i: rotate-half pairs coordinate i with i + hd/2, we pair 2i with 2i + 1,
+    at the same angle, so moving the rows of q and k this way leaves every score q.k as it is."""
+    j = np.arange(hd)  # (hd,) our coordinate 2i + r within a head
+    where = (j % 2) * (hd // 2) + j // 2  # (hd,) its place r*hd/2 + i in the rotate-half head
+    return (np.arange(n_heads)[:, None] * hd + where[None, :]).reshape(-1)  # (n_heads*hd,)
+
+
+def hf_names(cfg: Config) -> dict[str, tuple[str, int | None]]:
+    """Each checkpoint tensor name -> (our parameter, layer or None)."""
+    names = {"model.embed_tokens.weight": ("wte", None), "model.norm.weight": ("rms_final", None)}
+    if not cfg.tie_embeddings:
+        names["lm_head.weight"] = ("lm_head", None)
+    per_layer = {"input_layernorm": "rms_attn", "post_attention_layernorm": "rms_ffn",
+                 "self_attn.q_proj": "wq", "self_attn.k_proj": "wk", "self_attn.v_proj": "wv",
+                 "self_attn.o_proj": "wo", "mlp.gate_proj": "w1", "mlp.up_proj": "w3",
+                 "mlp.down_proj": "w2"}
+    for l in range(cfg.n_layer):
+        for hf, ours in per_layer.items():
+            names[f"model.layers.{l}.{hf}.weight"] = (ours, l)
+    return names
+
+
+def _to_ours(name: str, w: np.ndarray, cfg: Config) -> np.ndarray:
+    """One checkpoint tensor in our layout: (out, in) transposed, q and k rows re-paired."""
+    if name == "wq":
+        w = w[pair_rows(cfg.n_head, cfg.head_dim)]
+    elif name == "wk":
+        w = w[pair_rows(cfg.n_kv_head, cfg.head_dim)]
+    return w.T if w.ndim == 2 and name not in ("wte", "lm_head") else w
+
+
+def params_from_hf(tensors: dict[str, np.ndarray], cfg: Config,
+                   dtype: type = np.float32) -> dict[str, np.ndarray]:
+    """Our parameters from a checkpoint's tensors; ValueError naming a missing, misshapen or
+    unexpected tensor. A tied checkpoint may also store lm_head.weight: it must equal wte."""
+    shapes, names = param_shapes(cfg), hf_names(cfg)
+    params = {k: np.empty(s, dtype=dtype) for k, s in shapes.items()}
+    missing = sorted(set(names) - set(tensors))
+    if missing:
+        raise ValueError(f"the checkpoint lacks tensor '{missing[0]}' (and {len(missing) - 1} "
+                         "more) that config.json implies")
+    for key, w in tensors.items():
+        if key.endswith(IGNORED):
+            continue
+        if key == "lm_head.weight" and cfg.tie_embeddings:
+            if not np.array_equal(w, tensors["model.embed_tokens.weight"]):
+                raise ValueError("config.json field tie_word_embeddings = true, but the "
+                                 "checkpoint's lm_head.weight differs from its embed_tokens")
+            continue
+        if key not in names:
+            raise ValueError(f"the checkpoint has tensor '{key}', which the book's model has "
+                             "no place for")
+        ours, l = names[key]
+        want = shapes[ours][1:] if l is not None else shapes[ours]
+        flipped = len(want) == 2 and ours not in ("wte", "lm_head")
+        if w.shape != (want[::-1] if flipped else want):
+            raise ValueError(f"the checkpoint's tensor '{key}' has shape {w.shape}, config.json "
+                             f"implies {want[::-1] if flipped else want}")
+        w = _to_ours(ours, w, cfg)
+        if l is None:
+            params[ours][...] = w
+        else:
+            params[ours][l] = w
+    bad = [k for k, p in params.items() if not np.isfinite(p).all()]
+    if bad:
+        raise ValueError(f"the checkpoint has non-finite values in {bad[0]}")
+    return params
+
+
+def params_to_hf(params: dict[str, np.ndarray], cfg: Config) -> dict[str, np.ndarray]:
+    """The checkpoint's tensors of our parameters: the inverse of `params_from_hf`."""
+    out = {}
+    for key, (ours, l) in hf_names(cfg).items():
+        w = params[ours] if l is None else params[ours][l]
+        if w.ndim == 2 and ours not in ("wte", "lm_head"):
+            w = w.T  # (in, out) -> (out, in)
+        if ours in ("wq", "wk"):
+            rows = pair_rows(cfg.n_head if ours == "wq" else cfg.n_kv_head, cfg.head_dim)
+            w = w[np.argsort(rows)]  # the inverse permutation: back to rotate-half pairs
+        out[key] = np.ascontiguousarray(w)
+    return out

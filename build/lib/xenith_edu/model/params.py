@@ -1,0 +1,83 @@
+"""The parameter table: each parameter's shape rule, its kind, and whether it gets weight decay.
+One source for every list of parameter names (model, optimizer, command line, tests, benchmarks).
+
+Shape legend: V vocab, d width, L layers, f SwiGLU hidden width, dkv = n_kv_head * head_dim
+the width of the keys and of the values (d without grouped-query attention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+from .config import Config
+
+
+class Param(NamedTuple):
+    """One row of the contract's parameter table."""
+
+    name: str
+    shape: Callable[[Config], tuple[int, ...]]  # the shape rule, from the config
+    kind: str  # "gain" (RMSNorm, starts at one), "matrix" (linear weight) or "embedding"
+    decay: bool  # whether AdamW's decoupled weight decay applies
+    per_layer: bool  # a stack of shape (L, ...), one slice per layer
+    untied_only: bool = False  # present only when the embeddings are not tied
+
+
+# In forward order. The RMSNorm gains are the only parameters without weight decay.
+PARAMS: tuple[Param, ...] = (
+    Param("wte", lambda c: (c.vocab_size, c.n_embd), "embedding", True, False),
+    Param("rms_attn", lambda c: (c.n_layer, c.n_embd), "gain", False, True),
+    Param("wq", lambda c: (c.n_layer, c.n_embd, c.n_embd), "matrix", True, True),
+    Param("wk", lambda c: (c.n_layer, c.n_embd, c.kv_dim), "matrix", True, True),
+    Param("wv", lambda c: (c.n_layer, c.n_embd, c.kv_dim), "matrix", True, True),
+    Param("wo", lambda c: (c.n_layer, c.n_embd, c.n_embd), "matrix", True, True),
+    Param("rms_ffn", lambda c: (c.n_layer, c.n_embd), "gain", False, True),
+    Param("w1", lambda c: (c.n_layer, c.n_embd, c.ffn_hidden), "matrix", True, True),
+    Param("w3", lambda c: (c.n_layer, c.n_embd, c.ffn_hidden), "matrix", True, True),
+    Param("w2", lambda c: (c.n_layer, c.ffn_hidden, c.n_embd), "matrix", True, True),
+    Param("rms_final", lambda c: (c.n_embd,), "gain", False, False),
+    Param("lm_head", lambda c: (c.vocab_size, c.n_embd), "matrix", True, False, untied_only=True),
+)
+PARAM = {p.name: p for p in PARAMS}
+LAYER_PARAMS = tuple(p.name for p in PARAMS if p.per_layer)  # the (L, ...) stacks
+
+
+def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """The parameter keys and shapes of the contract's table for `cfg`, in forward order."""
+    return {p.name: p.shape(cfg) for p in PARAMS if not (p.untied_only and cfg.tie_embeddings)}
+
+
+def decays(name: str) -> bool:
+    """Whether weight decay applies to parameter `name`: matrices and embeddings yes, gains no."""
+    return PARAM[name].decay
+
+
+def init_params(cfg: Config, seed: int = 0, dtype: type = np.float32) -> dict[str, np.ndarray]:
+    """Weights drawn from N(0, 0.02**2), RMSNorm gains set to one."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in param_shapes(cfg).items():
+        if PARAM[name].kind == "gain":
+            params[name] = np.ones(shape, dtype=dtype)
+        else:
+            params[name] = (0.02 * rng.standard_normal(shape)).astype(dtype)
+    return params
+
+
+def random_params(cfg: Config, rng: np.random.Generator, scale: float = 0.4,
+                  gain_spread: float = 0.3, dtype: type = np.float64) -> dict[str, np.ndarray]:
+    """Non-degenerate parameters for gradient checks: weights N(0, scale²), gains 1 + spread·N(0,1).
+
+    Init-scale weights (0.02) make every layer nearly linear and every gain exactly one, so a
+    wrong gradient can hide; these make every term of the backward pass matter.
+    """
+    params = {}
+    for name, shape in param_shapes(cfg).items():
+        if PARAM[name].kind == "gain":
+            params[name] = (1.0 + gain_spread * rng.standard_normal(shape)).astype(dtype)
+        else:
+            params[name] = (scale * rng.standard_normal(shape)).astype(dtype)
+    return params

@@ -1,0 +1,399 @@
+"""The whole model: a tiny LLaMA-style decoder, its forward pass and its backward pass.
+
+The whole backward pass chapter assembles it from the component chapters, as llm.c's
+`gpt2_forward` and `gpt2_backward` do: paired block functions, each `*_forward -> (out, cache)`
+and `*_backward(dout, cache) -> (din, grads)`; `forward` calls them layer by layer, `backward`
+in reverse, and each cache is a NamedTuple that keeps what its backward needs and no more.
+Grouped-query attention (`Config.n_kv_head` < `n_head`, as SmolLM and Llama 3) narrows wk and
+wv; the attention components share each key/value head among its query heads.
+
+Where inputs are checked: at the boundaries only. `Config` checks the sizes (with the head
+counts and the flash block size); `forward`, `backward` and `loss_and_grads` check the
+parameters (keys, shapes, one float32 or float64 dtype) and the tokens (integer ids in [0, V),
+shape (B, S) with S <= seq_len, targets shaped like the inputs); the command line and
+`load_checkpoint` check what they read. The component functions (softmax_ce, swiglu, rmsnorm,
+attention, flash_attention, rope, embedding, linear) and the block functions below trust their
+inputs: they do the arithmetic and nothing else.
+
+Speed: the large arrays come from `xenith_edu.tools.workspace`, which reuses them from one call
+to the next (no page faults, no process setting); benchmarks/README.md has the measured figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+from ..attention import AttentionCache, causal_attention_backward, causal_attention_forward
+from ..embedding import EmbeddingCache, embedding_backward, embedding_forward
+from ..flash_attention import FlashCache, flash_attention_backward, flash_attention_forward
+from ..linear import LinearCache, linear_backward, linear_forward
+from ..rmsnorm import RMSNormCache, rmsnorm_backward, rmsnorm_forward
+from ..rope import RopeCache, rope_backward, rope_forward, rope_tables
+from ..softmax_ce import softmax_cross_entropy
+from ..swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
+from ..tools.workspace import empty, empty_like
+from .checks import check_params, check_targets, check_tokens
+from .config import Config
+from .params import LAYER_PARAMS, param_shapes
+
+__all__ = [
+    "AttentionBlockCache", "HeadCache", "LayerCache", "ModelCache", "PastKV",
+    "SwiGLUBlockCache", "attention_block_backward", "attention_block_forward", "backward",
+    "forward", "head_backward", "head_forward", "layer_backward", "layer_forward",
+    "layer_params", "loss_and_grads", "merge_heads", "qk_rope_tables", "split_heads",
+    "swiglu_block_backward", "swiglu_block_forward",
+]
+
+# Shape legend: B batch, S positions, N = B*S, d width, H heads, hd = d // H head width,
+# Hkv key/value heads (grouped-query attention; Hkv = H without it), dkv = Hkv * hd,
+# f SwiGLU hidden, V vocab, L layers. The residual stream h is kept flat as (N, d).
+
+
+def split_heads(u: np.ndarray, B: int, S: int, H: int) -> np.ndarray:
+    """(N, H*hd) -> (B, H, S, hd): the columns of head j are j*hd:(j+1)*hd. A view."""
+    return u.reshape(B, S, H, -1).transpose(0, 2, 1, 3)
+
+
+def merge_heads(u: np.ndarray) -> np.ndarray:
+    """(B, H, S, hd) -> (N, H*hd), the inverse of `split_heads` (a copy)."""
+    B, H, S, hd = u.shape
+    out = empty((B, S, H, hd), u.dtype)
+    np.copyto(out, u.transpose(0, 2, 1, 3))
+    return out.reshape(B * S, H * hd)
+
+
+def qk_rope_tables(cfg: Config, seq_len: int, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """The RoPE tables as the attention block takes them: (seq_len, (d + dkv)/2) each, `dtype`.
+
+    `rope_tables`' (seq_len, hd/2) repeated for the H + Hkv heads that sit side by side in a row
+    of the q and k columns, so that one pass over the rows rotates every head: pair j of a row
+    gets the angle of pair j mod hd/2. (Rotating head by head, over (B, H + Hkv, S, hd) views,
+    gives the same numbers in loops of hd/2 pairs: 2.5 times slower.) Made once per forward
+    pass and shared by every layer.
+    """
+    cos, sin = rope_tables(seq_len, cfg.head_dim, cfg.rope_theta)  # (seq_len, hd/2) float64
+    heads = cfg.n_head + cfg.n_kv_head
+    return np.tile(cos.astype(dtype), heads), np.tile(sin.astype(dtype), heads)
+
+
+def layer_params(params: dict, l: int) -> dict[str, np.ndarray]:
+    """Layer l's slice of each (L, ...) stack: {"rms_attn": (d,), "wq": (d, d), ...}, views."""
+    return {name: params[name][l] for name in LAYER_PARAMS}
+
+
+# -- the attention block: h + attention_block(h) --------------------------------------------
+
+class AttentionBlockCache(NamedTuple):
+    """What `attention_block_backward` needs, step by step in reverse."""
+
+    norm: RMSNormCache  # xb = rmsnorm(h, rms_attn): xhat, rstd and the gain
+    qkv: LinearCache  # qkv = xb @ [wq | wk | wv]: both factors of the one fused product
+    rope: RopeCache  # q, k = rope(q), rope(k): the tables (S, (d + dkv)/2) that `forward` made
+    # for every layer (`qk_rope_tables`), to rotate dq and dk back
+    attention: AttentionCache | FlashCache  # a = attention(q, k, v): rotated q, k, v and the
+    # weights (B, H, S, S), or with flash attention the output and its log-sum-exp (B, H, S)
+    out: LinearCache  # out = merge_heads(a) @ wo: both factors
+
+
+class PastKV(NamedTuple):
+    """One layer's key/value cache while decoding: what later positions' queries read.
+
+    The block writes the rotated keys and the values of its T new positions at [pos, pos + T)
+    and its queries attend to [0, pos + T). Nothing else of a past position is read again.
+    """
+
+    k: np.ndarray  # (B, Hkv, C, hd) rotated keys, positions [0, pos) already filled
+    v: np.ndarray  # (B, Hkv, C, hd) values
+    pos: int  # the position of the first new token
+
+
+def attention_block_forward(
+    h: np.ndarray, p: dict, cfg: Config, cos: np.ndarray, sin: np.ndarray,
+    past: PastKV | None = None,
+) -> tuple[np.ndarray, AttentionBlockCache]:
+    """The attention branch of one layer: merge_heads(attention(rope(q), rope(k), v)) @ wo,
+    with q, k, v the products of rmsnorm(h, rms_attn) with wq, wk and wv.
+
+    h is the stream (N, d), N = B*S; p the layer's parameters (`layer_params`); cos and sin
+    the RoPE tables of the S positions as `qk_rope_tables` repeats them for the H + Hkv heads of
+    q and k, (S, (d + dkv)/2) each. Query head j reads key/value head j // (H // Hkv). With
+    `past` (decoding), the S positions come after `past.pos` earlier ones whose keys and values
+    `past` holds. Returns `(out, cache)`, out (N, d).
+    """
+    S, H, Hkv, d, dkv = cos.shape[0], cfg.n_head, cfg.n_kv_head, h.shape[1], cfg.kv_dim
+    B, w = h.shape[0] // S, d + 2 * dkv
+    xb, norm = rmsnorm_forward(h, p["rms_attn"], cfg.norm_eps)  # (N, d)
+    # q, k, v = xb @ wq, xb @ wk, xb @ wv, as one product with [wq | wk | wv]
+    wqkv = np.concatenate((p["wq"], p["wk"], p["wv"]), axis=1, out=empty((d, w), h.dtype))
+    qkv, qkv_cache = linear_forward(xb, wqkv)  # (N, d + 2dkv)
+    # q, k = rope(q), rope(k), all heads in one pass over the rows as the product left them:
+    # a row's q and k columns are H + Hkv heads side by side, and the repeated tables give pair
+    # j the angle of pair j mod hd/2 (see `qk_rope_tables`)
+    qk, rope = rope_forward(qkv.reshape(B, S, w)[:, :, : d + dkv], cos, sin)  # (B, S, d + dkv)
+    qk = split_heads(qk.reshape(B * S, d + dkv), B, S, H + Hkv)  # (B, H + Hkv, S, hd)
+    q, k = qk[:, :H], qk[:, H:]  # (B, H, S, hd) and (B, Hkv, S, hd), views
+    v = split_heads(qkv, B, S, H + 2 * Hkv)[:, H + Hkv :]  # (B, Hkv, S, hd), a view
+    if past is not None:  # decoding: keep the new keys and values, attend to all so far
+        P = past.pos + S
+        past.k[:, :, past.pos : P], past.v[:, :, past.pos : P] = k, v
+        k, v = past.k[:, :, :P], past.v[:, :, :P]  # (B, Hkv, P, hd) every position so far
+    if cfg.attention == "flash" and past is None:  # the same values, without (S, S) weights
+        a, attention = flash_attention_forward(q, k, v, cfg.flash_block)  # (B, H, S, hd)
+    else:  # (decoding's weights are (S, P), one row per new position: the plain form)
+        a, attention = causal_attention_forward(q, k, v)  # (B, H, S, hd)
+    out, out_cache = linear_forward(merge_heads(a), p["wo"])  # (N, d)
+    return out, AttentionBlockCache(norm, qkv_cache, rope, attention, out_cache)
+
+
+def attention_block_backward(
+    dout: np.ndarray, cache: AttentionBlockCache
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The attention branch in reverse: `(dh, grads)` given dout (N, d), where dh (N, d) is the
+    branch's part of the stream's gradient and grads holds rms_attn, wq, wk, wv and wo."""
+    B, H, S, hd = cache.attention.q.shape
+    Hkv = cache.attention.k.shape[1]
+    d, dkv = H * hd, Hkv * hd
+    # out = merge_heads(a) @ wo
+    dam, dwo = linear_backward(dout, cache.out)  # (N, d), (d, d)
+    da = split_heads(dam, B, S, H)  # (B, H, S, hd)
+    # a = attention(q, k, v): dk and dv (B, Hkv, S, hd) sum the gradients of the query heads
+    # that read each key/value head
+    if isinstance(cache.attention, FlashCache):
+        dq, dk, dv = flash_attention_backward(da, cache.attention)
+    else:
+        dq, dk, dv = causal_attention_backward(da, cache.attention)
+    # q, k, v = the heads of xb @ [wq | wk | wv]: their gradients go into the heads of the
+    # fused product's gradient [dq | dk | dv] (N, d + 2dkv)
+    dqkv = empty((B * S, d + 2 * dkv), dout.dtype)  # (N, d + 2dkv)
+    dheads = split_heads(dqkv, B, S, H + 2 * Hkv)  # (B, H + 2Hkv, S, hd) a view of dqkv
+    np.copyto(dheads[:, :H], dq)
+    np.copyto(dheads[:, H : H + Hkv], dk)
+    np.copyto(dheads[:, H + Hkv :], dv)
+    # q, k = rope(q), rope(k): rotate dq and dk back by the opposite angles, in place, all heads
+    # in one pass over the rows, as the forward rotated them
+    dqk = dqkv.reshape(B, S, d + 2 * dkv)[:, :, : d + dkv]  # (B, S, d + dkv) a view of dqkv
+    rope_backward(dqk, cache.rope, out=dqk)
+    # qkv = xb @ [wq | wk | wv]: xb fans out to q, k and v, so dxb sums the three paths.
+    dxb, dwqkv = linear_backward(dqkv, cache.qkv)  # (N, d), (d, d + 2dkv)
+    dwq, dwk, dwv = dwqkv[:, :d], dwqkv[:, d : d + dkv], dwqkv[:, d + dkv :]  # views
+    # xb = rmsnorm(h, rms_attn)
+    dh, drms = rmsnorm_backward(dxb, cache.norm)  # (N, d), (d,)
+    return dh, {"rms_attn": drms, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo}
+
+
+# -- the SwiGLU block: h + swiglu_block(h) --------------------------------------------------
+
+class SwiGLUBlockCache(NamedTuple):
+    """What `swiglu_block_backward` needs: the two component caches, unopened."""
+
+    norm: RMSNormCache  # x2b = rmsnorm(h, rms_ffn)
+    swiglu: SwiGLUCache  # out = swiglu(x2b, w1, w3, w2)
+
+
+def swiglu_block_forward(
+    h: np.ndarray, p: dict, cfg: Config
+) -> tuple[np.ndarray, SwiGLUBlockCache]:
+    """The feed-forward branch of one layer: swiglu(rmsnorm(h, rms_ffn), w1, w3, w2).
+
+    h is the stream (N, d), p the layer's parameters. Returns `(out, cache)`, out (N, d).
+    """
+    x2b, norm = rmsnorm_forward(h, p["rms_ffn"], cfg.norm_eps)  # (N, d)
+    out, swiglu = swiglu_forward(x2b, p["w1"], p["w3"], p["w2"])  # (N, d)
+    return out, SwiGLUBlockCache(norm, swiglu)
+
+
+def swiglu_block_backward(
+    dout: np.ndarray, cache: SwiGLUBlockCache
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The feed-forward branch in reverse: `(dh, grads)`, grads holding rms_ffn, w1, w3, w2."""
+    # out = swiglu(x2b, w1, w3, w2)
+    dx2b, dw1, dw3, dw2 = swiglu_backward(dout, cache.swiglu)  # (N, d) and the three weights
+    # x2b = rmsnorm(h, rms_ffn)
+    dh, drms = rmsnorm_backward(dx2b, cache.norm)  # (N, d), (d,)
+    return dh, {"rms_ffn": drms, "w1": dw1, "w3": dw3, "w2": dw2}
+
+
+# -- one layer: the two blocks and their residual connections --------------------------------
+
+class LayerCache(NamedTuple):
+    """What `layer_backward` needs: the caches of the layer's two blocks."""
+
+    attn: AttentionBlockCache
+    ffn: SwiGLUBlockCache
+
+
+def layer_forward(
+    h: np.ndarray, p: dict, cfg: Config, cos: np.ndarray, sin: np.ndarray,
+    past: PastKV | None = None,
+) -> tuple[np.ndarray, LayerCache]:
+    """One layer on the stream h (N, d): each block reads it and adds its output back.
+
+    cos, sin (S, (d + dkv)/2) and `past` (decoding) as `attention_block_forward` takes them."""
+    out, attn = attention_block_forward(h, p, cfg, cos, sin, past)  # (N, d)
+    h = np.add(h, out, out=out)  # residual connection h + out (out is ours: its memory is reused)
+    out, ffn = swiglu_block_forward(h, p, cfg)  # (N, d)
+    h = np.add(h, out, out=out)  # residual connection
+    return h, LayerCache(attn, ffn)
+
+
+def layer_backward(
+    dh: np.ndarray, cache: LayerCache
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """One layer in reverse, SwiGLU block first: the stream's gradient below the layer, and the
+    gradients of the layer's parameters."""
+    # h = h + swiglu_block(h): the stream passes dh on unchanged, the block adds its part.
+    dx, grads = swiglu_block_backward(dh, cache.ffn)
+    dh = np.add(dh, dx, out=dx)  # dh + dx, written over dx (ours)
+    # h = h + attention_block(h)
+    dx, grads_attn = attention_block_backward(dh, cache.attn)
+    dh = np.add(dh, dx, out=dx)
+    return dh, {**grads_attn, **grads}
+
+
+# -- the head: final RMSNorm and output projection -----------------------------------------
+
+class HeadCache(NamedTuple):
+    """What `head_backward` needs."""
+
+    norm: RMSNormCache  # xf = rmsnorm(h, rms_final)
+    xf: np.ndarray  # (N, d) the input of the output projection: for dw_out = dlogits.T @ xf
+    w_out: np.ndarray  # (V, d) the output projection (wte when tied): for dxf = dlogits @ w_out
+    w_out_name: str  # "wte" when the embeddings are tied, else "lm_head": whose gradient it is
+
+
+def head_forward(h: np.ndarray, params: dict, cfg: Config) -> tuple[np.ndarray, HeadCache]:
+    """The top of the model on the stream h (N, d): logits (N, V) = rmsnorm(h) @ w_out.T."""
+    xf, norm = rmsnorm_forward(h, params["rms_final"], cfg.norm_eps)  # (N, d)
+    name = "wte" if cfg.tie_embeddings else "lm_head"
+    w_out = params[name]  # (V, d)
+    logits = np.matmul(xf, w_out.T, out=empty((xf.shape[0], w_out.shape[0]), xf.dtype))  # (N, V)
+    return logits, HeadCache(norm, xf, w_out, name)
+
+
+def head_backward(
+    dlogits: np.ndarray, cache: HeadCache
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The head in reverse: `(dh, grads)` given dlogits (N, V); grads holds rms_final and the
+    output projection's gradient (V, d), under "wte" when tied, else under "lm_head"."""
+    # logits = xf @ w_out.T: rules 1 and 2 of the notation page, with w_out transposed
+    dw_out = np.matmul(dlogits.T, cache.xf, out=empty_like(cache.w_out))  # (V, d)
+    dxf = np.matmul(dlogits, cache.w_out, out=empty_like(cache.xf))  # (N, d)
+    # xf = rmsnorm(h, rms_final)
+    dh, drms = rmsnorm_backward(dxf, cache.norm)  # (N, d), (d,)
+    return dh, {"rms_final": drms, cache.w_out_name: dw_out}
+
+
+# -- the whole model -----------------------------------------------------------------------
+
+class ModelCache(NamedTuple):
+    """What `backward` needs: the tokens, the rope tables, the caches of every step, the logits.
+
+    With `recompute=True` only each layer's input is kept (`layer_inputs`), and `layers` is
+    empty: the backward pass runs each layer's forward again just before going back through it.
+    """
+
+    x: np.ndarray  # (B, S) the tokens: the targets must have their shape
+    embedding: EmbeddingCache  # h = wte[x]
+    cos: np.ndarray  # (S, (d + dkv)/2) the RoPE tables of every layer (`qk_rope_tables`), in
+    sin: np.ndarray  # (S, (d + dkv)/2) the parameters' dtype: to recompute a layer
+    layers: list[LayerCache]  # one cache per layer, in forward order
+    layer_inputs: list[np.ndarray]  # (N, d) per layer, kept instead when recomputing
+    head: HeadCache
+    logits: np.ndarray  # (B, S, V): the loss is computed from them in `backward`
+
+
+def forward(
+    params: dict, cfg: Config, x: np.ndarray, recompute: bool = False
+) -> tuple[np.ndarray, ModelCache]:
+    """Logits (B, S, V) for tokens `x` (B, S), and the cache that `backward` needs.
+
+    With `recompute=True` the cache keeps only each layer's input (see `ModelCache`). See the
+    whole backward pass chapter.
+    """
+    dtype = check_params(params, cfg)
+    x = check_tokens("x", x, cfg)
+    B, S = x.shape
+    cos, sin = qk_rope_tables(cfg, S, dtype)  # (S, (d + dkv)/2) each, shared by the layers
+
+    h, embedding = embedding_forward(params["wte"], x)  # (B, S, d)
+    h = h.reshape(B * S, cfg.n_embd)  # (N, d) the residual stream
+    layers, layer_inputs = [], []
+    for l in range(cfg.n_layer):
+        if recompute:
+            layer_inputs.append(h)
+            h, _ = layer_forward(h, layer_params(params, l), cfg, cos, sin)
+        else:
+            h, layer = layer_forward(h, layer_params(params, l), cfg, cos, sin)
+            layers.append(layer)
+    logits, head = head_forward(h, params, cfg)  # (N, V)
+    logits = logits.reshape(B, S, -1)  # (B, S, V)
+    return logits, ModelCache(x, embedding, cos, sin, layers, layer_inputs, head, logits)
+
+
+def backward(
+    params: dict, cfg: Config, cache: ModelCache, y: np.ndarray,
+    on_layer: Callable[[int, dict[str, np.ndarray]], None] | None = None,
+    *, release: bool = False,
+) -> tuple[float, dict[str, np.ndarray]]:
+    """Mean loss on targets `y` (B, S) and the gradient of every parameter.
+
+    The forward pass in reverse, block by block. See the whole backward pass chapter.
+    `on_layer(l, grads_l)`, if given, is called as soon as layer l's gradients are known: a
+    data-parallel run starts their all-reduce there (see the "Many processes" chapter).
+    `release=True` says that the caller gives the cache up: each layer's part is dropped from it
+    as soon as that layer is done, so its memory can serve the gradients that follow, as
+    autograd frees what it saved (`loss_and_grads` does this; the cache is then spent).
+    """
+    if not isinstance(cache, ModelCache):
+        raise TypeError(f"cache must be the ModelCache that forward returned, "
+                        f"got {type(cache).__name__}")
+    y = check_targets(y, cache.x, cfg)
+    B, S = y.shape
+
+    # loss = mean -log softmax(logits)[y]
+    # (targets equal to the padding token, if the model has one, count for neither)
+    loss, dlogits = softmax_cross_entropy(cache.logits, y, cfg.pad_token_id)  # (B, S, V)
+    dh, grads = head_backward(dlogits.reshape(B * S, -1), cache.head)  # (N, d)
+    del dlogits  # (B, S, V), read by nothing below: its memory can serve the layers' gradients
+    for name in LAYER_PARAMS:
+        grads[name] = empty_like(params[name])  # (L, ...) filled layer by layer
+    for l in reversed(range(cfg.n_layer)):
+        if cache.layers:
+            layer = cache.layers[l]
+        else:  # recompute: run layer l's forward again from its input
+            p = layer_params(params, l)
+            _, layer = layer_forward(cache.layer_inputs[l], p, cfg, cache.cos, cache.sin)
+        dh, grads_l = layer_backward(dh, layer)
+        del layer
+        if release:  # nothing reads layer l's cache again
+            (cache.layers or cache.layer_inputs)[l] = None
+        for name, g in grads_l.items():
+            grads[name][l] = g
+        if on_layer is not None:
+            on_layer(l, grads_l)
+    # h = wte[x]: scatter-add into the embedding rows.
+    dwte = embedding_backward(dh.reshape(B, S, -1), cache.embedding)  # (V, d)
+    if cfg.pad_token_id is not None:  # transformers' padding_idx: the pad row learns nothing
+        dwte[cfg.pad_token_id] = 0  # from the embedding (tied, it still does as output row)
+    if cfg.tie_embeddings:
+        grads["wte"] += dwte  # wte is also the output projection: both gradients add
+    else:
+        grads["wte"] = dwte
+    return loss, {name: grads[name] for name in param_shapes(cfg)}  # in the table's order
+
+
+def loss_and_grads(
+    params: dict, cfg: Config, x: np.ndarray, y: np.ndarray, recompute: bool = False
+) -> tuple[float, dict[str, np.ndarray]]:
+    """forward then backward: the mean loss and the gradient of every parameter.
+
+    `recompute=True` keeps only each layer's input during the forward pass and recomputes the
+    layer during the backward pass: less memory, one more forward pass, the same gradients.
+    """
+    if isinstance(x, np.ndarray):
+        check_targets(y, x, cfg)  # before the forward pass, so a bad y costs nothing
+    _, cache = forward(params, cfg, x, recompute=recompute)
+    return backward(params, cfg, cache, y, release=True)  # the cache is ours alone

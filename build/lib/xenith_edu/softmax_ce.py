@@ -1,0 +1,98 @@
+"""Softmax cross-entropy: the loss at the top of the model and its gradient.
+
+The softmax cross-entropy chapter derives it: dlogits = (softmax(logits) - onehot(targets)) / N.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .tools.workspace import empty_like
+
+# Shape legend: N positions (N = B*S when flattened), V vocab. Leading axes may be any
+# shape (...); the loss is averaged over all of them. The targets are integer ids in [0, V)
+# with shape logits.shape[:-1]: `forward`, `backward` and `loss_and_grads` check them.
+
+LOG_CLAMP = 1e-30  # -log(max(p, 1e-30)): a probability that underflows to 0 costs 69, not inf
+
+
+class SoftmaxCECache(NamedTuple):
+    """What `softmax_ce_backward` needs: p - onehot(y) is the whole gradient, up to 1/N."""
+
+    p: np.ndarray  # (..., V) the probabilities with 1 taken off at each target, 0 where ignored
+    count: int  # N, the positions the mean is over (those not ignored)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.subtract(logits, logits.max(axis=-1, keepdims=True), out=empty_like(logits))
+    # z (..., V) has a row max of 0: exp cannot overflow
+    np.exp(z, out=z)
+    z /= z.sum(axis=-1, keepdims=True)
+    return z  # (..., V) probabilities, rows sum to 1
+
+
+def per_token_loss(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """-log softmax(logits)[target] at every position, shape logits.shape[:-1].
+
+    See the softmax cross-entropy chapter.
+    """
+    p = _softmax(logits)  # (..., V)
+    py = np.take_along_axis(p, targets[..., None], axis=-1)[..., 0]  # (...)
+    return -np.log(np.maximum(py, LOG_CLAMP))
+
+
+def softmax_ce_forward(
+    logits: np.ndarray, targets: np.ndarray, ignore_index: int | None = None
+) -> tuple[float, SoftmaxCECache]:
+    """Mean cross-entropy over the positions whose target is not `ignore_index`, and the cache.
+
+    loss = mean_n -log softmax(logits_n)[y_n] over the counted positions (all of them when
+    `ignore_index` is None: a padding token's positions are left out, as transformers' -100
+    labels are). With no position counted the loss is 0 and so is its gradient.
+    See the softmax cross-entropy chapter.
+    """
+    p = _softmax(logits)  # (..., V), becomes p - onehot(y) in place (p is our own array)
+    safe = targets
+    keep = None
+    if ignore_index is not None:
+        keep = targets != ignore_index  # (...) the positions that count
+        safe = np.where(keep, targets, 0)  # an ignored target may lie outside [0, V)
+    py = np.take_along_axis(p, safe[..., None], axis=-1)  # (..., 1)
+    nll = -np.log(np.maximum(py[..., 0], LOG_CLAMP))  # (...)
+    count = int(targets.size if keep is None else keep.sum())
+    if keep is None:
+        loss = float(nll.mean())
+    else:
+        loss = float(nll[keep].sum() / count) if count else 0.0
+    # d loss / d logits_n = p_n - onehot(y_n) at a counted position, 0 at an ignored one
+    np.put_along_axis(p, safe[..., None], py - 1, axis=-1)
+    if keep is not None:
+        p *= keep[..., None]
+    return loss, SoftmaxCECache(p, count)
+
+
+def softmax_ce_backward(dloss: float, cache: SoftmaxCECache) -> np.ndarray:
+    """dlogits (..., V) given the loss's gradient `dloss` (1.0 when it is the objective).
+
+    dlogits = dloss * (softmax(logits) - onehot(y)) / N; it reuses the cache's array.
+    """
+    dlogits = cache.p
+    if dloss != 1.0:
+        dlogits *= dloss
+    dlogits /= max(cache.count, 1)  # a division, as the chapter writes it: the same bits
+    return dlogits
+
+
+def softmax_cross_entropy(
+    logits: np.ndarray, targets: np.ndarray, ignore_index: int | None = None
+) -> tuple[float, np.ndarray]:
+    """Mean cross-entropy over all positions and its gradient `dlogits` (same shape/dtype).
+
+    loss = mean_n -log softmax(logits_n)[y_n];  dlogits = (softmax(logits) - onehot(y)) / N.
+    `ignore_index`: positions with that target count for neither (see `softmax_ce_forward`).
+    See the softmax cross-entropy chapter.
+    """
+    loss, cache = softmax_ce_forward(logits, targets, ignore_index)
+    return loss, softmax_ce_backward(1.0, cache)
