@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from xenith_edu.rope import rope_backward, rope_forward, rope_tables
+from xenith_edu.rope import rope_backward, rope_forward
+from xenith_edu.tools.gradcheck import check_gradient
 
 from .helpers import catalogue_tests, kw
 
@@ -28,17 +29,62 @@ def rope_bwd(du, cos, sin, *, way=-1.0, halves=False, swap=False, cast=True):
     return np.stack([a * c - b * s, a * s + b * c], axis=-1).reshape(du.shape)
 
 
-def tables(seq_len, head_dim, theta, *, exp_sign=-1.0, two=2.0, start=0, swap=False,
-           transposed=False, full=False, dtype=np.float64):
-    i = np.arange(head_dim // 2) if not full else np.arange(head_dim) / 2
-    t = np.arange(seq_len) + start
-    ang = t[:, None] * theta ** (exp_sign * two * i / head_dim)  # (S, hd/2)
-    c, s = np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
-    if swap:
-        c, s = s, c
-    if transposed:
-        c, s = c.T, s.T
-    return c, s
+def freq_grad(du, u, omega, *, start=0, with_t=True, unrotated=False, mixed=False, dot=False,
+              mean=False, halves=False, flip=False, one_sign=False, keep_rows=False,
+              per_position=False):
+    """domega from scratch: u' = rope(u) with the angles t * omega, then the chain rule."""
+    if halves:  # rotate-half pairs: (u[i], u[i + hd/2]), the same as interleaving them first
+        h = u.shape[-1] // 2
+        perm = np.stack([np.arange(h), np.arange(h) + h], -1).reshape(-1)
+        du, u = du[..., perm], u[..., perm]
+    S = u.shape[-2]
+    t = np.arange(S) + start  # (S,) positions
+    phi = t[:, None] * omega[None, :]  # (S, hd/2)
+    c, s = np.cos(phi), np.sin(phi)
+    up = u if unrotated else rope_bwd(u, c, s, way=1.0)  # (..., S, hd) u'
+    g = rope_bwd(du, c, s) if mixed else du  # du, the backward's output, with u'
+    a, b = up[..., 0::2], up[..., 1::2]  # (..., S, hd/2)
+    g0, g1 = g[..., 0::2], g[..., 1::2]
+    if dot:
+        dphi = g0 * a + g1 * b
+    else:
+        dphi = (g1 * a + g0 * b) if one_sign else (g1 * a - g0 * b)
+    dphi = -dphi if flip else dphi
+    rows = dphi.reshape(-1, S, dphi.shape[-1])  # (n, S, hd/2)
+    if keep_rows:
+        return np.sum((t[:, None] if with_t else 1) * dphi, axis=-2)  # (..., hd/2)
+    dphi = rows.mean(axis=0) if mean else rows.sum(axis=0)  # (S, hd/2)
+    if per_position:
+        return t[:, None] * dphi
+    return np.sum((t[:, None] if with_t else 1) * dphi, axis=0)  # (hd/2,)
+
+
+def freq_grad_from_du(du, u, omega):
+    """Another right answer: du = rope_backward(du') pairs with u, through the package."""
+    t = np.arange(u.shape[-2])[:, None]
+    c, s = np.cos(t * omega), np.sin(t * omega)
+    g = rope_backward(du, rope_forward(du, c, s)[1])  # (..., S, hd) du
+    dphi = g[..., 1::2] * u[..., 0::2] - g[..., 0::2] * u[..., 1::2]  # (..., S, hd/2)
+    rows = dphi.reshape(-1, *dphi.shape[-2:])  # (n, S, hd/2)
+    return np.einsum("s,nsi->i", np.arange(u.shape[-2]), rows)
+
+
+def test_the_reference_is_the_finite_difference_gradient():
+    """domega of every case, against central differences of sum(rope(u) * du') in float64."""
+    from xenith_edu.exercises.rope import ROPE_FREQ, rope_freq_grad
+
+    for seed in (None, 1):
+        rng = None if seed is None else np.random.default_rng(seed)
+        for case in ROPE_FREQ.make_cases(rng):
+            du, u, omega = case.args
+
+            def f(w, du=du, u=u):
+                phi = np.arange(u.shape[-2])[:, None] * w[None, :]  # (S, hd/2)
+                return float(np.sum(rope_forward(u, np.cos(phi), np.sin(phi))[0] * du))
+
+            # h = 1e-4: the angles reach t * omega ~ 20 radians, so f bends fast in omega
+            res = check_gradient(f, omega.copy(), rope_freq_grad(du, u, omega), h=1e-4)
+            assert res.passed, (case.label, str(res))
 
 
 def half_bwd(du, cos, sin, *, way=-1.0, interleaved=False, swap=False):
@@ -85,7 +131,7 @@ def permutation_by_search(n_heads, head_dim):
 # exercise -> (the right answer from scratch, the package's reference in the learner's signature)
 RIGHT = {
     "rope_backward": (rope_bwd, lambda du, c, s: rope_backward(du, rope_forward(du, c, s)[1])),
-    "rope_tables": (tables, rope_tables),
+    "rope_freq_grad": (freq_grad, freq_grad_from_du),
     "rope_half_backward": (half_bwd, half_bwd_by_permutation),
     "rope_permutation": (permutation, permutation_by_search),
 }
@@ -99,18 +145,22 @@ MUTANTS = [
     ("rope_backward", kw(rope_bwd, halves=True), ["rotate-half convention"]),
     ("rope_backward", kw(rope_bwd, cast=False), ["float32", "du_in has dtype float64, expected "
                                                   "float32", "cos.astype(du.dtype)"]),
-    ("rope_tables", kw(tables, swap=True), ["cos and sin are swapped"]),
-    ("rope_tables", kw(tables, exp_sign=1.0), ["theta ** (-2i/hd)"]),
-    ("rope_tables", kw(tables, two=1.0), ["-i/hd where -2i/hd is needed"]),
-    ("rope_tables", kw(tables, start=1), ["positions start at 1"]),
-    ("rope_tables", kw(tables, transposed=True), [
-        r"re:cos has shape \((\d+), (\d+)\), expected \(\2, \1\): transposed"]),
-    ("rope_tables", kw(tables, full=True),
-     [r"re:cos has shape \((\d+), \d+\), expected \(\1, \d+\)", "one column per pair"]),
-    ("rope_tables", kw(tables, dtype=np.float32), ["cos has dtype float32, expected float64"]),
-    ("rope_tables", lambda *a: tables(*a)[0], ["expected a tuple of 2 values (cos, sin)"]),
-    ("rope_tables", lambda S, hd, theta: tables(S, hd, 10000.0),
-     ["theta is fixed at 10000 instead of read from the argument theta"]),
+    ("rope_freq_grad", kw(freq_grad, with_t=False), ["the factor t is missing"]),
+    ("rope_freq_grad", kw(freq_grad, start=1), ["positions start at 1"]),
+    ("rope_freq_grad", kw(freq_grad, unrotated=True), ["not with u"]),
+    ("rope_freq_grad", kw(freq_grad, mixed=True), ["it pairs du = rope_backward(du')"]),
+    ("rope_freq_grad", kw(freq_grad, dot=True), ["a scale of each pair, not of its angle"]),
+    ("rope_freq_grad", kw(freq_grad, mean=True), ["a mean divides by their number"]),
+    ("rope_freq_grad", kw(freq_grad, halves=True), ["rotate-half convention"]),
+    ("rope_freq_grad", kw(freq_grad, flip=True), ["the sign of the quarter turn"]),
+    ("rope_freq_grad", kw(freq_grad, one_sign=True),
+     ["the term -t * du'[2i] * u'[2i+1] has its sign flipped"]),
+    ("rope_freq_grad", kw(freq_grad, keep_rows=True),
+     ["domega has shape", "sum over the positions and over every leading axis"]),
+    ("rope_freq_grad", kw(freq_grad, per_position=True),
+     [r"re:domega has shape \(\d+, \d+\), expected \(\d+,\)", "One number per pair"]),
+    ("rope_freq_grad", lambda du, u, w: freq_grad(du, u, w).astype(np.float32),
+     ["domega has dtype float32, expected float64"]),
     ("rope_half_backward", kw(half_bwd, way=1.0), ["rotated the wrong way"]),
     ("rope_half_backward", lambda du, c, s: du.copy(), ["du came back unrotated"]),
     ("rope_half_backward", kw(half_bwd, interleaved=True), ["the interleaved convention"]),

@@ -58,9 +58,9 @@ from .rmsnorm import (
 )
 from .rope import (
     check_rope_backward,
+    check_rope_freq_grad,
     check_rope_half_backward,
     check_rope_permutation,
-    check_rope_tables,
 )
 from .rules import check_broadcast_backward, check_rules_block
 from .softmax_ce import (
@@ -123,7 +123,7 @@ __all__ = [
     "check_gqa_backward",
     "check_attention_find_the_bug",
     "check_rope_backward",
-    "check_rope_tables",
+    "check_rope_freq_grad",
     "check_rope_half_backward",
     "check_rope_permutation",
     "check_embedding_backward",

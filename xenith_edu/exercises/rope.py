@@ -1,4 +1,4 @@
-"""Exercises of the RoPE chapter: the backward, the tables, and the rotate-half convention.
+"""Exercises of the RoPE chapter: the backward, learned frequencies, the rotate-half convention.
 
 See the "RoPE" chapter; each check diagnoses the usual mistakes.
 """
@@ -130,8 +130,9 @@ ROPE = Spec(
     single=True,
     mistakes=_rope_mistakes,
     terms=_rope_terms,
-    hints=("RoPE rotates each pair (u[2i], u[2i+1]) by an angle: a rotation's Jacobian is the "
-           "rotation itself, so the backward is its transpose, the rotation by -angle.",
+    hints=("RoPE rotates each pair (u[2i], u[2i+1]) by an angle: the Jacobian J of a pair is "
+           "the rotation R(angle) itself, and du = du' J (the pair as a row vector) is the "
+           "rotation by -angle.",
            "a, b = du[..., 0::2], du[..., 1::2]; out[..., 0::2] = a * cos + b * sin; "
            "out[..., 1::2] = -a * sin + b * cos (the forward with sin negated).",
            "du_in[2i] = du[2i] cos + du[2i+1] sin; du_in[2i+1] = -du[2i] sin + du[2i+1] cos"),
@@ -148,62 +149,147 @@ def check_rope_backward(fn: Callable) -> CheckResult:
     return check(ROPE, fn)
 
 
-def _rope_tables_mistakes(args: tuple, exp: dict) -> list[Mistake]:
-    S, hd, theta = args
-
-    def angles(t: np.ndarray, exponent: np.ndarray) -> dict:
-        angle = t[:, None] * theta ** exponent[None, :]
-        return {"cos": np.cos(angle), "sin": np.sin(angle)}
-
-    t, i = np.arange(S, dtype=np.float64), np.arange(hd // 2, dtype=np.float64)
-    table = [
-        ("cos and sin are swapped.", lambda: {"cos": exp["sin"], "sin": exp["cos"]}),
-        ("the exponent's sign: the frequencies are theta ** (-2i/hd), slower for larger i.",
-         lambda: angles(t, 2 * i / hd)),
-        ("the exponent is -i/hd where -2i/hd is needed.", lambda: angles(t, -i / hd)),
-        ("positions start at 1: they start at 0 (position 0 is not rotated).",
-         lambda: angles(t + 1, -2 * i / hd)),
-    ]
-    for fixed in (10000.0, 500000.0):  # the usual bases, typed in instead of read
-        table.append((f"theta is fixed at {fixed:g} instead of read from the argument theta.",
-                      lambda fixed=fixed: angles(t, -2 * i / hd * np.log(fixed) / np.log(theta))
-                      if fixed != theta else {}))
-    return table
+def rope_freq_grad(du_out: np.ndarray, u: np.ndarray, omega: np.ndarray) -> np.ndarray:
+    """d loss / d omega (hd/2,) of RoPE with learned frequencies: angle t * omega_i."""
+    return _freq_grad(du_out, u, omega)
 
 
-def _rope_tables_cases(rng: np.random.Generator) -> list[Case]:
+def _freq_grad(du_out: np.ndarray, u: np.ndarray, omega: np.ndarray, *, start: int = 0,
+               with_t: bool = True, rotated: bool = True, mean: bool = False) -> np.ndarray:
+    """The reference, and (with a switch set) one of the mistakes of the table below."""
+    S, h = u.shape[-2], u.shape[-1] // 2
+    t = np.arange(S, dtype=np.float64) + start  # (S,) positions
+    v = pairs(u, *_angles(t, omega)) if rotated else u  # (..., S, hd) u' = rope(u)
+    dphi = du_out[..., 1::2] * v[..., 0::2] - du_out[..., 0::2] * v[..., 1::2]  # (..., S, hd/2)
+    rows = dphi.reshape(-1, S, h)  # (n, S, hd/2) n rows of the leading axes
+    dphi = rows.mean(axis=0) if mean else rows.sum(axis=0)  # (S, hd/2)
+    return np.sum((t[:, None] if with_t else 1.0) * dphi, axis=0)  # (hd/2,)
+
+
+def _freq_cases(rng: np.random.Generator) -> list[Case]:
     ints = int_sampler(rng)
 
-    sizes = [(ints(6, 12), 2 * ints(2, 4), log_uniform(rng, 1e3, 1e5)),
-             (ints(12, 16), 8, log_uniform(rng, 100, 1e3)), (1, 2, log_uniform(rng, 1e3, 1e5)),
-             (ints(3, 8), 6, log_uniform(rng, 1e5, 5e5))]
-    return [Case(f"seq_len={S}, head_dim={hd}, theta={theta:.6g}", (S, hd, theta))
-            for S, hd, theta in sizes]
+    # S >= 4 everywhere: the factors t, t + 1 and 1 then give three different answers
+    shapes = [(ints(4, 8), 2 * ints(3, 5)), (ints(2, 4), ints(5, 10), 2 * ints(2, 4)),
+              (2, ints(2, 3), ints(6, 12), 8), (2, ints(16, 24), 16)]
+    cases = []
+    for shape in shapes:
+        hd, theta = shape[-1], log_uniform(rng, 1e2, 1e4)
+        init = theta ** (-2.0 * np.arange(hd // 2) / hd)  # (hd/2,) the usual frequencies
+        omega = init * np.exp(0.2 * rng.standard_normal(hd // 2))  # (hd/2,) learned: drifted
+        label = f"du_out and u {shape}, omega ({hd // 2},) from theta={theta:.4g}"
+        cases.append(Case(label, (randn(rng, shape), randn(rng, shape), omega)))
+    return cases
 
 
-ROPE_TABLES = Spec(
-    id="rope_tables",
-    reference_name="xenith_edu.rope.rope_tables",
-    arg_names=("seq_len", "head_dim", "theta"),
-    out_names=("cos", "sin"),
-    kinds=("array", "array"),
-    reference=tables,
-    cases=_rope_tables_cases,
+def _freq_mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    du, u, omega = args
+    n = int(np.prod(u.shape[:-2]))  # rows of the leading axes
+
+    def bwd(**switch: bool) -> dict:
+        return {"domega": _freq_grad(du, u, omega, **switch)}
+
+    h = u.shape[-1] // 2
+    perm = np.stack([np.arange(h), np.arange(h) + h], axis=-1).reshape(-1)  # (hd,)
+    back = pairs(du, *_angles(_positions(u), omega, sign=-1.0))  # (..., S, hd) du
+    return [
+        ("the factor t is missing: the angle is phi[t, i] = t * omega[i], so "
+         "d phi / d omega = t, and domega[i] = sum over t of t * dphi[t, i].",
+         lambda: bwd(with_t=False)),
+        ("positions start at 1: they start at 0 (the first token is not rotated).",
+         lambda: bwd(start=1)),
+        ("the derivative of the rotation acts on the rotated pair: d u'/d phi is u' turned by "
+         "a quarter turn, (-u'[2i+1], u'[2i]), so dphi pairs du' with u' = rope(u), not with u.",
+         lambda: bwd(rotated=False)),
+        ("it pairs du = rope_backward(du') with u' = rope(u): pair du' with u', or du with u "
+         "(both give the same dphi).", lambda: {"domega": _freq_grad(back, u, omega)}),
+        ("that is du' . u', the gradient of a scale of each pair, not of its angle: "
+         "d u'/d phi is u' turned by a quarter turn, (-u'[2i+1], u'[2i]).",
+         lambda: {"domega": _scale_grad(du, u, omega)}),
+        (f"omega is shared by the {n} rows of the leading axes: their dphi add up (the "
+         "broadcast row), a mean divides by their number.",
+         lambda: bwd(mean=True) if n > 1 else {}),
+        ("the pairs are (u[i], u[i + hd/2]) (the rotate-half convention); this book pairs "
+         "neighbours (u[2i], u[2i+1]).",
+         lambda: {"domega": _freq_grad(du[..., perm], u[..., perm], omega)}),
+        ("the sign of the quarter turn: d u'[2i]/d phi = -u'[2i+1] and "
+         "d u'[2i+1]/d phi = +u'[2i].", lambda: {"domega": -exp["domega"]}),
+    ]
+
+
+def _angles(t: np.ndarray, omega: np.ndarray, sign: float = 1.0) -> tuple:
+    """cos and sin (S, hd/2) of the angles t * omega (times sign) at the positions t (S,)."""
+    phi = t[:, None] * omega[None, :]  # (S, hd/2)
+    return np.cos(phi), sign * np.sin(phi)
+
+
+def _positions(u: np.ndarray) -> np.ndarray:
+    return np.arange(u.shape[-2], dtype=np.float64)  # (S,) t = 0 .. S-1
+
+
+def _scale_grad(du: np.ndarray, u: np.ndarray, omega: np.ndarray) -> np.ndarray:
+    """The mistake du' . u' in place of the quarter turn: a scale's gradient, times t."""
+    v = pairs(u, *_angles(_positions(u), omega))  # (..., S, hd)
+    S, h = u.shape[-2], u.shape[-1] // 2
+    dot = (du[..., 0::2] * v[..., 0::2] + du[..., 1::2] * v[..., 1::2]).reshape(-1, S, h)
+    return np.sum(np.arange(S)[:, None] * dot.sum(axis=0), axis=0)  # (hd/2,)
+
+
+def _freq_terms(args: tuple) -> dict[str, list[Term]]:
+    """domega = sum t du'[2i+1] u'[2i] - sum t du'[2i] u'[2i+1], over the rows and positions."""
+    du, u, omega = args
+    S, h = u.shape[-2], u.shape[-1] // 2
+    t = np.arange(S, dtype=np.float64)[:, None]  # (S, 1)
+
+    def total(x: np.ndarray, w: np.ndarray) -> np.ndarray:  # (..., S, hd/2) -> (hd/2,)
+        return np.sum(w * x.reshape(-1, S, h).sum(axis=0), axis=0)
+
+    v = pairs(u, *_angles(_positions(u), omega))  # (..., S, hd) u' = rope(u)
+    out = []
+    for name, g, k, sign in (("t * du'[2i+1] * u'[2i]", 1, 0, 1.0),
+                             ("-t * du'[2i] * u'[2i+1]", 0, 1, -1.0)):
+        x, x0 = du[..., g::2] * v[..., k::2], du[..., g::2] * u[..., k::2]
+        out.append(Term(name, sign * total(x, t), slips=(
+            ("the factor t is missing (d phi / d omega = t)", sign * total(x, 1.0)),
+            ("it takes u where u' = rope(u) belongs", sign * total(x0, t)))))
+    return {"domega": out}
+
+
+ROPE_FREQ = Spec(
+    id="rope_freq_grad",
+    reference_name="xenith_edu.exercises.rope.rope_freq_grad",
+    arg_names=("du_out", "u", "omega"),
+    out_names=("domega",),
+    kinds=("array",),
+    reference=lambda du, u, omega: (rope_freq_grad(du, u, omega),),
+    cases=_freq_cases,
     seed=506,
-    summary="seq_len 1 to 16, head_dim 2 to 8, theta 100 to 500000",
-    mistakes=_rope_tables_mistakes,
-    floor=lambda a: {"cos": 1.0, "sin": 1.0},
-    shape_hints={"cos": "One row per position, one column per pair: (seq_len, head_dim // 2).",
-                 "sin": "One row per position, one column per pair: (seq_len, head_dim // 2)."},
+    summary="2-D to 4-D, S = 4 to 24, hd/2 = 2 to 8",
+    single=True,
+    mistakes=_freq_mistakes,
+    terms=_freq_terms,
+    hints=("omega reaches the loss through every angle phi[t, i] = t * omega[i], at every "
+           "position and every row of the leading axes (the broadcast row: their gradients "
+           "add), and each angle through its pair u' = R(phi) u, whose derivative in phi is "
+           "R(phi) turned by a quarter turn.",
+           "u2 = rope(u) (rope_forward with the tables of omega); dphi = du_out[..., 1::2] * "
+           "u2[..., 0::2] - du_out[..., 0::2] * u2[..., 1::2]; sum dphi over the leading "
+           "axes, multiply by t[:, None] and sum over the positions.",
+           "domega[i] = sum over the rows and t of t * (du'[t, 2i+1] u'[t, 2i] - "
+           "du'[t, 2i] u'[t, 2i+1])"),
+    floor=lambda a: {"domega": amax(a[0], a[1]) * a[1].shape[-2]},  # one term: t du' u'
+    shape_hints={"domega": "One number per pair, the shape of omega: (head_dim // 2,); sum "
+                           "over the positions and over every leading axis."},
 )
 
 
-def check_rope_tables(fn: Callable) -> CheckResult:
-    """`fn(seq_len, head_dim, theta) -> (cos, sin)`, each (seq_len, head_dim // 2).
+def check_rope_freq_grad(fn: Callable) -> CheckResult:
+    """`fn(du_out (..., S, hd), u (..., S, hd), omega (hd/2,)) -> domega (hd/2,)`.
 
-    See the "RoPE" chapter.
+    RoPE with learned frequencies: pair i at position t turns by t * omega[i]. See the "RoPE"
+    chapter.
     """
-    return check(ROPE_TABLES, fn)
+    return check(ROPE_FREQ, fn)
 
 
 def _half_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -308,7 +394,7 @@ def check_rope_permutation(fn: Callable) -> CheckResult:
     return check(ROPE_PERMUTATION, fn)
 
 
-SPECS = [ROPE, ROPE_TABLES, ROPE_HALF, ROPE_PERMUTATION]
+SPECS = [ROPE, ROPE_FREQ, ROPE_HALF, ROPE_PERMUTATION]
 
-__all__ = ["check_rope_backward", "check_rope_tables", "check_rope_half_backward",
+__all__ = ["check_rope_backward", "check_rope_freq_grad", "check_rope_half_backward",
            "check_rope_permutation"]
