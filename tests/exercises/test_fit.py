@@ -107,10 +107,16 @@ def test_noise_gets_no_name(name):
     spec = ex.SPECS[name]
     rng = np.random.default_rng(3)
 
+    def noisy(o):
+        if isinstance(o, np.ndarray):
+            return o + rng.standard_normal(np.shape(o)).astype(o.dtype)
+        if isinstance(o, (int, np.integer)):  # a count: off by a random amount
+            return o + int(rng.integers(1, 10**6))
+        return o * (1.0 + 0.3 * rng.standard_normal())  # a number
+
     def noise(*args):
         out = spec.reference(*args)
-        made = tuple(o + rng.standard_normal(np.shape(o)).astype(np.asarray(o).dtype)
-                     if isinstance(o, np.ndarray) else o for o in out)
+        made = tuple(noisy(o) for o in (out if isinstance(out, tuple) else (out,)))
         return made[0] if spec.single else made
 
     result = _verdict(name, noise)
