@@ -49,8 +49,8 @@ def test_log_sum_exp_is_the_rows_normaliser() -> None:
     q, k, v, _ = _qkv(rng, 1, 2, 9, 4)
     _, cache = flash_attention_forward(q, k, v, block_size=4)
     scores = q @ np.swapaxes(k, -1, -2) / 2.0 + np.triu(np.full((9, 9), -np.inf), 1)
-    L = np.log(np.exp(scores).sum(axis=-1))  # (B, H, S), no max needed at these sizes
-    np.testing.assert_allclose(cache.L, L, rtol=1e-13, atol=1e-13)
+    lse = np.log(np.exp(scores).sum(axis=-1))  # (B, H, S), no max needed at these sizes
+    np.testing.assert_allclose(cache.lse, lse, rtol=1e-13, atol=1e-13)
 
 
 def test_rescaling_when_the_max_grows_across_blocks() -> None:
@@ -92,7 +92,7 @@ def test_keeps_dtype_and_leaves_inputs_unchanged() -> None:
     out, cache = flash_attention_forward(q, k, v, block_size=4)
     out_copy = out.copy()
     dq, dk, dv = flash_attention_backward(dout, cache)
-    assert out.dtype == np.float32 and cache.L.dtype == np.float32
+    assert out.dtype == np.float32 and cache.lse.dtype == np.float32
     assert dq.dtype == dk.dtype == dv.dtype == np.float32
     for a, b in zip((q, k, v, dout), before, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -114,9 +114,9 @@ def test_cache_holds_no_square_array() -> None:
     for a in arrays:
         assert list(a.shape).count(S) == 1, a.shape  # S appears once: no (S, S) anywhere
         assert a.size <= B * H * S * hd
-    assert cache.L.shape == (B, H, S)
+    assert cache.lse.shape == (B, H, S)
     total = sum(a.nbytes for a in arrays)
-    assert total == 4 * q.nbytes + cache.L.nbytes  # q, k, v, out and L: nothing else
+    assert total == 4 * q.nbytes + cache.lse.nbytes  # q, k, v, out and lse: nothing else
 
 
 @pytest.mark.parametrize(("bad", "error"), [

@@ -44,6 +44,14 @@ PAGE_FORBIDDEN = {
                                                      "scores are dO and dZ")],
     "attention": [(NOT_NAME + r"a_[jk]" + END, "a row of the attention weights is p: p_j"),
                   (NOT_NAME + r"a\s*=\s*\\operatorname\{softmax\}", "p = softmax(z)")],
+    # the online softmax: \ell is the loss, L the number of layers (the recomputation and the
+    # KV cache use it), a SwiGLU's hidden array, B the batch
+    "memory": [(r"\\ell" + END, "the online softmax's running sum is \\Sigma; \\ell is the loss"),
+               (NOT_NAME + r"L(?:_|\s*=)|-\s*L" + END, "the log-sum-exp is \\mathrm{lse}_i; L is "
+                                                     "the number of layers"),
+               (NOT_NAME + r"a(?:_I|')?" + END, "the unnormalised output is \\tilde o "
+                                               "(\\tilde O_I); a is SwiGLU's hidden array"),
+               (NOT_NAME + r"z_B" + END, "a block of keys is J; B is the batch")],
 }
 # Code names in prose that the book replaced (checked on the whole text of markdown).
 FORBIDDEN_TEXT = [
@@ -177,6 +185,11 @@ def test_no_page_uses_a_replaced_spelling() -> None:
     ("$h \\mathrel{+}= a_m W_o$", "backward"),
     ("$dv = P^\\top da$", "backward"),
     ("the Jacobian-vector product of the softmax", "attention"),
+    ("the running sum $\\ell' = \\alpha\\, \\ell + e^{z_j - m'}$", "memory"),
+    ("the log-sum-exp $L_i = m + \\log \\Sigma$", "memory"),
+    ("$P_{IJ} = e^{\\,Z_{IJ} - L_I}$", "memory"),
+    ("the output $a' = \\alpha\\, a + e^{z_j - m'} V_j$", "memory"),
+    ("a new block of scores $z_B$", "memory"),
 ])
 def test_the_drift_check_catches(text: str, stem: str) -> None:
     assert violations(stem, "example", text), text
@@ -189,6 +202,11 @@ def test_the_drift_check_catches(text: str, stem: str) -> None:
     ("the gain $w_{final}$ and $\\varepsilon$", "rmsnorm"),
     ("rounding $\\sim \\varepsilon_{mach} / \\delta$", "softmax_ce"),
     ("$h_1 = x W_1$ and $a = s \\odot h_3$", "swiglu"),
+    ("$\\Sigma' = \\alpha\\, \\Sigma + \\sum_{j \\in J} e^{z_j - m'}$, "
+     "$\\tilde o' = \\alpha\\, \\tilde o$", "memory"),
+    ("$\\mathrm{lse}_I = m_I + \\log \\Sigma_I$, $P_{IJ} = e^{Z_{IJ} - \\mathrm{lse}_I}$",
+     "memory"),
+    ("the cache: $2 L H C\\, hd$ numbers, $L \\cdot (N, d)$, $\\alpha_k \\Sigma_k$", "memory"),
 ])
 def test_the_drift_check_accepts(text: str, stem: str) -> None:
     assert not violations(stem, "example", text), violations(stem, "example", text)

@@ -24,15 +24,15 @@ DEFAULT_BLOCK = 64
 class FlashCache(NamedTuple):
     """What the backward needs: the inputs, the output and the row log-sum-exp, nothing (S, S).
 
-    q, k, v recompute each block's scores; L = log sum_j exp(score_ij) turns a score back into
-    its probability, exp(score - L); out gives D = rowsum(dout * out). block_size is a number.
+    q, k, v recompute each block's scores; lse = log sum_j exp(score_ij) turns a score back into
+    its probability, exp(score - lse); out gives D = rowsum(dout * out). block_size is a number.
     """
 
     q: np.ndarray  # (B, H, S, hd)
     k: np.ndarray  # (B, Hkv, S, hd)
     v: np.ndarray  # (B, Hkv, S, hd)
     out: np.ndarray  # (B, H, S, hd)
-    L: np.ndarray  # (B, H, S) row log-sum-exp of the scaled, masked scores
+    lse: np.ndarray  # (B, H, S) row log-sum-exp of the scaled, masked scores
     block_size: int
 
 
@@ -51,8 +51,8 @@ def flash_attention_forward(
     v (B, Hkv, S, hd): query head j reads key/value head j // G (grouped-query attention).
 
     For each block of queries, the key blocks up to the diagonal are visited in order while a
-    running max m, a running sum l and an unnormalised output acc are kept per row; when the max
-    grows, l and acc are rescaled by exp(m_old - m_new), which makes the result exact.
+    running max m, a running sum sigma and an unnormalised output acc are kept per row; when the
+    max grows, sigma and acc are rescaled by exp(m_old - m_new), which makes the result exact.
     Returns `(out, cache)`, out (B, H, S, hd); the cache holds no (S, S) array.
     """
     bs = block_size  # an int >= 1: Config.flash_block is checked where the model is configured
@@ -64,13 +64,13 @@ def flash_attention_forward(
     kg, vg = k[:, :, None], v[:, :, None]  # (B, Hkv, 1, S, hd) views, shared by the group
     tri = np.triu(np.full((bs, bs), -np.inf, dtype=q.dtype), k=1)  # (bs, bs) diagonal mask
     out = np.empty(qs.shape, q.dtype)  # (B, Hkv, G, S, hd)
-    L = np.empty(qs.shape[:-1], dtype=q.dtype)  # (B, Hkv, G, S)
+    lse = np.empty(qs.shape[:-1], dtype=q.dtype)  # (B, Hkv, G, S)
     for i0 in range(0, S, bs):
         i1 = min(i0 + bs, S)
         qi = qs[..., i0:i1, :]  # (B, Hkv, G, bq, hd)
         m = np.full(qi.shape[:-1] + (1,), -np.inf, dtype=q.dtype)  # (B, Hkv, G, bq, 1) running
         # max
-        l = np.zeros_like(m)  # (B, Hkv, G, bq, 1) running sum of exp(score - m)
+        sigma = np.zeros_like(m)  # (B, Hkv, G, bq, 1) running sum of exp(score - m)
         acc = np.zeros_like(qi)  # (B, Hkv, G, bq, hd) running sum of exp(score - m) v
         for j0 in range(0, i1, bs):  # key blocks up to the diagonal; later ones are all masked
             j1 = min(j0 + bs, S)
@@ -79,15 +79,15 @@ def flash_attention_forward(
             alpha = np.exp(m - m_new)  # (B, Hkv, G, bq, 1) rescales what was summed against m
             s -= m_new
             p = np.exp(s, out=s)  # (B, Hkv, G, bq, bk) unnormalised probabilities, masked: 0
-            l = alpha * l + p.sum(axis=-1, keepdims=True)
+            sigma = alpha * sigma + p.sum(axis=-1, keepdims=True)
             acc *= alpha
             acc += p @ vg[..., j0:j1, :]
             m = m_new
-        out[..., i0:i1, :] = acc / l
-        L[..., i0:i1] = (m + np.log(l))[..., 0]
-    out, L = out.reshape(B, H, S, hd), L.reshape(B, H, S)  # views, the heads in order again
-    # backward needs q, k, v (to recompute the scores), out (for D) and L (for the probabilities).
-    return out, FlashCache(q, k, v, out, L, bs)
+        out[..., i0:i1, :] = acc / sigma
+        lse[..., i0:i1] = (m + np.log(sigma))[..., 0]
+    out, lse = out.reshape(B, H, S, hd), lse.reshape(B, H, S)  # views, the heads in order
+    # backward needs q, k, v (to recompute the scores), out (for D), lse (for the probabilities)
+    return out, FlashCache(q, k, v, out, lse, bs)
 
 
 def flash_attention_backward(
@@ -95,10 +95,10 @@ def flash_attention_backward(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gradients `(dq, dk, dv)` given `dout` (B, H, S, hd), recomputing P block by block.
 
-    P_ij = exp(score_ij - L_i) is rebuilt from q, k and L; the softmax's row sums
+    P_ij = exp(score_ij - lse_i) is rebuilt from q, k and lse; the softmax's row sums
     rowsum(P * dP) are replaced by D = rowsum(dout * out), which is the same number per row.
     """
-    q, k, v, out, L, bs = cache
+    q, k, v, out, lse, bs = cache
     B, H, S, hd = q.shape
     Hkv = k.shape[1]
     G = H // Hkv
@@ -108,7 +108,7 @@ def flash_attention_backward(
     dout = dout.reshape(B, Hkv, G, S, hd)  # (B, Hkv, G, S, hd)
     D = np.einsum("...ij,...ij->...i", dout, out.reshape(dout.shape))[..., None]  # (B, Hkv,
     # G, S, 1) rowsum(dO * O)
-    Lc = L.reshape(B, Hkv, G, S, 1)  # (B, Hkv, G, S, 1)
+    lse_c = lse.reshape(B, Hkv, G, S, 1)  # (B, Hkv, G, S, 1)
     dq = np.zeros_like(qs)  # (B, Hkv, G, S, hd): every key block adds to it
     dk = np.empty_like(k)  # (B, Hkv, S, hd)
     dv = np.empty_like(v)  # (B, Hkv, S, hd)
@@ -119,9 +119,9 @@ def flash_attention_backward(
         dvj = np.zeros_like(vj)  # group's heads that see key j (fan-in)
         for i0 in range(j0, S, bs):  # query blocks from the diagonal on; earlier ones see 0
             i1 = min(i0 + bs, S)
-            # p = exp(score - L): the forward's probabilities, recomputed
+            # p = exp(score - lse): the forward's probabilities, recomputed
             s = _scores(qs[..., i0:i1, :], kj, i0, j0, tri)  # (B, Hkv, G, bq, bk)
-            s -= Lc[..., i0:i1, :]
+            s -= lse_c[..., i0:i1, :]
             p = np.exp(s, out=s)  # (B, Hkv, G, bq, bk)
             doi = dout[..., i0:i1, :]  # (B, Hkv, G, bq, hd)
             # out = p @ v: v's block is read by the G heads of its group, their parts add

@@ -191,14 +191,14 @@ def test_rope_pairs_shifted_by_one_are_named():
 
 
 def test_a_merge_that_divides_one_block_only_is_named():
-    def merge(m1, l1, o1, m2, l2, o2):
-        m, l, o = ex.SPECS["softmax_merge"].reference(m1, l1, o1, m2, l2, o2)
+    def merge(m1, sigma1, o1, m2, sigma2, o2):
+        m, sigma, o = ex.SPECS["softmax_merge"].reference(m1, sigma1, o1, m2, sigma2, o2)
         with np.errstate(all="ignore"):
-            w1 = (l1 * np.exp(m1 - m))[:, None]
-        return m, l, o + w1 * o1 * (1 - 1 / l[:, None])  # block 1 is not divided by l
+            w1 = (sigma1 * np.exp(m1 - m))[:, None]
+        return m, sigma, o + w1 * o1 * (1 - 1 / sigma[:, None])  # block 1 not divided by sigma
 
-    assert "the division by l is missing from the term l1" in _verdict("softmax_merge",
-                                                                       merge).message
+    assert "the division by sigma is missing from the term sigma1" in _verdict(
+        "softmax_merge", merge).message
 
 
 # ---------------------------------------------------------------------------------- hints

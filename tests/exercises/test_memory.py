@@ -18,24 +18,24 @@ from .helpers import catalogue_tests, kw
 # Shape legend: R rows, hd head width, B batch, H heads, S positions, L layers.
 
 
-def merge(m1, l1, o1, m2, l2, o2, *, rescale=True, inverted=False, l_plain=False,
-          no_l_weight=False, no_divide=False, mean=False, swap=False, use_min=False,
+def merge(m1, sigma1, o1, m2, sigma2, o2, *, rescale=True, inverted=False, sigma_plain=False,
+          no_sigma_weight=False, no_divide=False, mean=False, swap=False, use_min=False,
           naive=False):
     with np.errstate(all="ignore"):
         m = np.minimum(m1, m2) if use_min else np.maximum(m1, m2)
         if naive:  # exp of the raw maxima: overflows for large scores
-            w1, w2 = l1 * np.exp(m1), l2 * np.exp(m2)
-            l = w1 + w2
-            o = (w1[:, None] * o1 + w2[:, None] * o2) / l[:, None]
-            return m, l * np.exp(-m), o
+            w1, w2 = sigma1 * np.exp(m1), sigma2 * np.exp(m2)
+            sigma = w1 + w2
+            o = (w1[:, None] * o1 + w2[:, None] * o2) / sigma[:, None]
+            return m, sigma * np.exp(-m), o
         if inverted:
             a1, a2 = np.exp(m - m1), np.exp(m - m2)
         elif rescale:
             a1, a2 = np.exp(m1 - m), np.exp(m2 - m)
         else:
             a1, a2 = np.ones_like(m1), np.ones_like(m2)
-        w1, w2 = (a1, a2) if no_l_weight else (l1 * a1, l2 * a2)
-        l = l1 + l2 if l_plain else l1 * a1 + l2 * a2
+        w1, w2 = (a1, a2) if no_sigma_weight else (sigma1 * a1, sigma2 * a2)
+        sigma = sigma1 + sigma2 if sigma_plain else sigma1 * a1 + sigma2 * a2
         if swap:
             w1, w2 = w2, w1
         o = w1[:, None] * o1 + w2[:, None] * o2
@@ -43,16 +43,17 @@ def merge(m1, l1, o1, m2, l2, o2, *, rescale=True, inverted=False, l_plain=False
             o = (o1 + o2) / 2
         elif not no_divide:
             o = o / (w1 + w2)[:, None]
-        return m, l, o
+        return m, sigma, o
 
 
-def merge_logsumexp(m1, l1, o1, m2, l2, o2):
-    """A correct alternative: through the log-sum-exps L_k = m_k + log l_k."""
+def merge_logsumexp(m1, sigma1, o1, m2, sigma2, o2):
+    """A correct alternative: through the log-sum-exps lse_k = m_k + log sigma_k."""
     with np.errstate(divide="ignore"):
-        L1, L2 = m1 + np.log(l1), m2 + np.log(l2)
-    L = np.logaddexp(L1, L2)  # (R,)
+        lse1, lse2 = m1 + np.log(sigma1), m2 + np.log(sigma2)
+    lse = np.logaddexp(lse1, lse2)  # (R,)
     m = np.maximum(m1, m2)
-    return m, np.exp(L - m), np.exp(L1 - L)[:, None] * o1 + np.exp(L2 - L)[:, None] * o2
+    o = np.exp(lse1 - lse)[:, None] * o1 + np.exp(lse2 - lse)[:, None] * o2
+    return m, np.exp(lse - m), o
 
 
 def rowsum(dout, out, *, how="right"):
@@ -93,10 +94,10 @@ RIGHT = {
 MUTANTS = [
     ("softmax_merge", kw(merge, rescale=False), ["not rescaled to the new max"]),
     ("softmax_merge", kw(merge, inverted=True), ["rescaling factor is inverted"]),
-    ("softmax_merge", kw(merge, l_plain=True), ["l is not rescaled (l = l1 + l2), though o is",
-                                                "(m, o are right.)"]),
-    ("softmax_merge", kw(merge, no_l_weight=True), ["weighted by exp(m_k - m) alone"]),
-    ("softmax_merge", kw(merge, no_divide=True), ["not divided by the merged l"]),
+    ("softmax_merge", kw(merge, sigma_plain=True),
+     ["sigma is not rescaled (sigma = sigma1 + sigma2), though o is", "(m, o are right.)"]),
+    ("softmax_merge", kw(merge, no_sigma_weight=True), ["weighted by exp(m_k - m) alone"]),
+    ("softmax_merge", kw(merge, no_divide=True), ["not divided by the merged sigma"]),
     ("softmax_merge", kw(merge, mean=True), ["plain mean"]),
     ("softmax_merge", kw(merge, swap=True), ["weights of the two blocks are swapped"]),
     ("softmax_merge", kw(merge, use_min=True), ["smaller of the two maxima"]),
@@ -128,10 +129,10 @@ MUTANTS = [
 def test_merging_block_stats_gives_the_whole_rows_softmax() -> None:
     rng = np.random.default_rng(0)
     z, V = 30 * rng.standard_normal((4, 9)), rng.standard_normal((9, 3))
-    m, l, o = merge_reference(*block_stats(z[:, :4], V[:4]), *block_stats(z[:, 4:], V[4:]))
-    m_all, l_all, o_all = block_stats(z, V)
+    m, sigma, o = merge_reference(*block_stats(z[:, :4], V[:4]), *block_stats(z[:, 4:], V[4:]))
+    m_all, sigma_all, o_all = block_stats(z, V)
     np.testing.assert_allclose(m, m_all, rtol=0, atol=0)
-    np.testing.assert_allclose(l, l_all, rtol=1e-13)
+    np.testing.assert_allclose(sigma, sigma_all, rtol=1e-13)
     np.testing.assert_allclose(o, o_all, rtol=1e-12, atol=1e-13)
 
 

@@ -24,22 +24,24 @@ from .types import Case, CheckResult, Mistake, Spec
 # The online-softmax merge of two blocks of keys.
 
 
-def merge_reference(m1, l1, o1, m2, l2, o2) -> tuple:
-    """(m, l, o) of the union of two blocks from each block's (max, sum, normalised output)."""
+def merge_reference(m1, sigma1, o1, m2, sigma2, o2) -> tuple:
+    """(m, sigma, o) of the union of two blocks from each block's (max, sum, normalised output):
+    sigma is the chapter's running sum Sigma of exp(z - m)."""
     m = np.maximum(m1, m2)  # (R,)
-    w1 = l1 * np.exp(m1 - m)  # (R,) block 1's sum of exp, against the new max
-    w2 = l2 * np.exp(m2 - m)  # (R,)
-    l = w1 + w2  # (R,)
-    o = (w1[:, None] * o1 + w2[:, None] * o2) / l[:, None]  # (R, hd)
-    return m, l, o
+    w1 = sigma1 * np.exp(m1 - m)  # (R,) block 1's sum of exp, against the new max
+    w2 = sigma2 * np.exp(m2 - m)  # (R,)
+    sigma = w1 + w2  # (R,)
+    o = (w1[:, None] * o1 + w2[:, None] * o2) / sigma[:, None]  # (R, hd)
+    return m, sigma, o
 
 
 def block_stats(z: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One block's (m, l, o): row max (R,), sum of exp(z - m) (R,), softmax average (R, hd)."""
+    """One block's (m, sigma, o): row max (R,), sum of exp(z - m) (R,), softmax average
+    (R, hd)."""
     m = z.max(axis=1)  # (R,)
     e = np.exp(z - m[:, None])  # (R, b)
-    l = e.sum(axis=1)  # (R,)
-    return m, l, (e @ V) / l[:, None]
+    sigma = e.sum(axis=1)  # (R,)
+    return m, sigma, (e @ V) / sigma[:, None]
 
 
 def _merge_cases(rng: np.random.Generator) -> list[Case]:
@@ -51,10 +53,11 @@ def _merge_cases(rng: np.random.Generator) -> list[Case]:
         ("float32", np.float32, 1.0, ""),
         ("float64, large scores (maxima above 700: exp overflows)", np.float64, 100.0, ""),
         ("float64, both blocks share each row's max", np.float64, 1.0, "tie"),
-        ("float64, block 2 fully masked (m2 = -inf, l2 = 0, o2 = 0)", np.float64, 1.0, "masked"),
+        ("float64, block 2 fully masked (m2 = -inf, sigma2 = 0, o2 = 0)", np.float64, 1.0,
+         "masked"),
     ]
     for label, dtype, scale, how in settings:
-        # two keys per block at least: a block of one key has l = 1, where l-slips hide
+        # two keys per block at least: a block of one key has sigma = 1, where sigma-slips hide
         R, hd, b1, b2 = ints(2, 5), ints(2, 5), ints(2, 4), ints(2, 4)
         shift = 12 * scale if scale > 1 else 0.0  # large scores: 1200 +- 300, exp(z) = inf
         z1 = randn(rng, (R, b1), scale=scale) + shift  # (R, b1) block 1's scores
@@ -63,11 +66,11 @@ def _merge_cases(rng: np.random.Generator) -> list[Case]:
             z2[:, 0] = z1.max(axis=1) + 0.0
             z2 = np.minimum(z2, z1.max(axis=1)[:, None])
         V1, V2 = randn(rng, (b1, hd)), randn(rng, (b2, hd))
-        m1, l1, o1 = block_stats(z1, V1)
-        m2, l2, o2 = block_stats(z2, V2)
+        m1, sigma1, o1 = block_stats(z1, V1)
+        m2, sigma2, o2 = block_stats(z2, V2)
         if how == "masked":
-            m2, l2, o2 = np.full(R, -np.inf), np.zeros(R), np.zeros((R, hd))
-        args = tuple(a.astype(dtype) for a in (m1, l1, o1, m2, l2, o2))
+            m2, sigma2, o2 = np.full(R, -np.inf), np.zeros(R), np.zeros((R, hd))
+        args = tuple(a.astype(dtype) for a in (m1, sigma1, o1, m2, sigma2, o2))
         cases.append(Case(f"{label}, R={R}, hd={hd}", args, OVERFLOW if scale > 1 else ""))
     return cases
 
@@ -78,75 +81,79 @@ def _finite(cand: dict) -> dict:
 
 
 def _merge_mistakes(args: tuple, exp: dict) -> list[Mistake]:
-    m1, l1, o1, m2, l2, o2 = args
+    m1, sigma1, o1, m2, sigma2, o2 = args
     m = exp["m"]
 
     def combine(w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
         return (w1[:, None] * o1 + w2[:, None] * o2) / (w1 + w2)[:, None]
 
     def inverted() -> dict:
-        w1, w2 = l1 * np.exp(m - m1), l2 * np.exp(m - m2)
-        return _finite({"l": w1 + w2, "o": combine(w1, w2)})
+        w1, w2 = sigma1 * np.exp(m - m1), sigma2 * np.exp(m - m2)
+        return _finite({"sigma": w1 + w2, "o": combine(w1, w2)})
 
     def by_min() -> dict:
         mn = np.minimum(m1, m2)
-        return _finite({"m": mn, "l": l1 * np.exp(m1 - mn) + l2 * np.exp(m2 - mn)})
+        return _finite({"m": mn,
+                        "sigma": sigma1 * np.exp(m1 - mn) + sigma2 * np.exp(m2 - mn)})
 
     e1, e2 = np.exp(m1 - m), np.exp(m2 - m)
     return [
-        ("the sums are not rescaled to the new max: each block's l was computed against its own "
-         "max, so multiply it by exp(m_k - m) before adding (l = l1 + l2 is wrong unless both "
-         "maxima are equal).",
-         lambda: {"l": l1 + l2, "o": combine(l1, l2)}),
+        ("the sums are not rescaled to the new max: each block's sigma was computed against its "
+         "own max, so multiply it by exp(m_k - m) before adding (sigma = sigma1 + sigma2 is "
+         "wrong unless both maxima are equal).",
+         lambda: {"sigma": sigma1 + sigma2, "o": combine(sigma1, sigma2)}),
         ("the rescaling factor is inverted: a sum against m_k becomes a sum against the new max "
          "m >= m_k when multiplied by exp(m_k - m) <= 1, not exp(m - m_k).", inverted),
-        ("l is not rescaled (l = l1 + l2), though o is: l must be the sum against the new max, "
-         "l1 * exp(m1 - m) + l2 * exp(m2 - m).", lambda: {"l": l1 + l2}),
+        ("sigma is not rescaled (sigma = sigma1 + sigma2), though o is: sigma must be the sum "
+         "against the new max, sigma1 * exp(m1 - m) + sigma2 * exp(m2 - m).",
+         lambda: {"sigma": sigma1 + sigma2}),
         ("the outputs are weighted by exp(m_k - m) alone: each block's weight is its whole sum "
-         "against the new max, l_k * exp(m_k - m).",
+         "against the new max, sigma_k * exp(m_k - m).",
          lambda: {"o": combine(e1, e2)}),
-        ("o is not divided by the merged l: each block's o is an average, so the merged o is "
-         "the weighted sum of the two divided by the total weight l.",
-         lambda: {"o": (l1 * e1)[:, None] * o1 + (l2 * e2)[:, None] * o2}),
+        ("o is not divided by the merged sigma: each block's o is an average, so the merged o is "
+         "the weighted sum of the two divided by the total weight sigma.",
+         lambda: {"o": (sigma1 * e1)[:, None] * o1 + (sigma2 * e2)[:, None] * o2}),
         ("o is the plain mean (o1 + o2) / 2: the blocks must be weighted by how much of the "
-         "softmax each holds, l_k * exp(m_k - m).", lambda: _finite({"o": (o1 + o2) / 2})),
-        ("the weights of the two blocks are swapped in o: o1 goes with l1 * exp(m1 - m).",
-         lambda: {"o": combine(l2 * e2, l1 * e1)}),
+         "softmax each holds, sigma_k * exp(m_k - m).", lambda: _finite({"o": (o1 + o2) / 2})),
+        ("the weights of the two blocks are swapped in o: o1 goes with sigma1 * exp(m1 - m).",
+         lambda: {"o": combine(sigma2 * e2, sigma1 * e1)}),
         ("m is the smaller of the two maxima: the running max must be the larger, "
          "max(m1, m2), so that every exponential is at most 1.", by_min),
     ]
 
 
 def _merge_terms(args: tuple) -> dict[str, list[Term]]:
-    """m = max(m1, m2), l = sum of l_k exp(m_k - m), o = sum of l_k exp(m_k - m) o_k / l."""
-    m1, l1, o1, m2, l2, o2 = args
-    m, l, _ = merge_reference(m1, l1, o1, m2, l2, o2)
+    """m = max(m1, m2), sigma = sum of sigma_k exp(m_k - m),
+    o = sum of sigma_k exp(m_k - m) o_k / sigma."""
+    m1, sigma1, o1, m2, sigma2, o2 = args
+    m, sigma, _ = merge_reference(m1, sigma1, o1, m2, sigma2, o2)
     e1, e2 = np.exp(m1 - m), np.exp(m2 - m)  # (R,)
 
     def col(a: np.ndarray) -> np.ndarray:
         return a[:, None]  # (R, 1): one number per row, along the features of o
 
-    def weighted(k: int, lk, ek, ok) -> Term:
-        return term(f"l{k} * exp(m{k} - m) * o{k} / l", (f"l{k}", col(lk)),
-                    (f"exp(m{k} - m)", col(ek)), (f"o{k}", ok), ("1 / l", col(1.0 / l)))
+    def weighted(k: int, sigmak, ek, ok) -> Term:
+        return term(f"sigma{k} * exp(m{k} - m) * o{k} / sigma", (f"sigma{k}", col(sigmak)),
+                    (f"exp(m{k} - m)", col(ek)), (f"o{k}", ok), ("1 / sigma", col(1.0 / sigma)))
 
     return {"m": [Term("max(m1, m2)", m)],
-            "l": [term("l1 * exp(m1 - m)", ("l1", l1), ("exp(m1 - m)", e1)),
-                  term("l2 * exp(m2 - m)", ("l2", l2), ("exp(m2 - m)", e2))],
-            "o": [weighted(1, l1, e1, o1), weighted(2, l2, e2, o2)]}
+            "sigma": [term("sigma1 * exp(m1 - m)", ("sigma1", sigma1), ("exp(m1 - m)", e1)),
+                      term("sigma2 * exp(m2 - m)", ("sigma2", sigma2), ("exp(m2 - m)", e2))],
+            "o": [weighted(1, sigma1, e1, o1), weighted(2, sigma2, e2, o2)]}
 
 
 def _merge_floor(args: tuple) -> dict[str, float]:
-    m1, l1, o1, m2, l2, o2 = args
+    m1, sigma1, o1, m2, sigma2, o2 = args
     finite = [abs(float(x)) for x in np.concatenate((m1, m2)) if np.isfinite(x)]
-    return {"m": max(finite, default=0.0), "l": amax(l1) + amax(l2), "o": amax(o1) + amax(o2)}
+    return {"m": max(finite, default=0.0), "sigma": amax(sigma1) + amax(sigma2),
+            "o": amax(o1) + amax(o2)}
 
 
 MERGE = Spec(
     id="softmax_merge",
     reference_name="xenith_edu.exercises.memory.merge_reference",
-    arg_names=("m1", "l1", "o1", "m2", "l2", "o2"),
-    out_names=("m", "l", "o"),
+    arg_names=("m1", "sigma1", "o1", "m2", "sigma2", "o2"),
+    out_names=("m", "sigma", "o"),
     kinds=("array",) * 3,
     reference=merge_reference,
     cases=_merge_cases,
@@ -154,19 +161,19 @@ MERGE = Spec(
     summary="float64 and float32, maxima above 700, a shared max, a fully masked block",
     mistakes=_merge_mistakes,
     terms=_merge_terms,
-    hints=("Each block's l and o were computed against its own max m_k; against the new max m = "
-           "max(m1, m2), a sum of exponentials scales by exp(m_k - m), and an average is "
+    hints=("Each block's sigma and o were computed against its own max m_k; against the new max "
+           "m = max(m1, m2), a sum of exponentials scales by exp(m_k - m), and an average is "
            "re-weighted by how much of the softmax each block holds.",
-           "m = max(m1, m2); w_k = l_k * exp(m_k - m); l = w1 + w2; o = (w1 * o1 + w2 * o2) / l, "
-           "with w_k[:, None] along the features of o.",
-           "m = max(m1, m2); l = l1 exp(m1 - m) + l2 exp(m2 - m); o = (l1 exp(m1 - m) o1 + l2 "
-           "exp(m2 - m) o2) / l"),
+           "m = max(m1, m2); w_k = sigma_k * exp(m_k - m); sigma = w1 + w2; "
+           "o = (w1 * o1 + w2 * o2) / sigma, with w_k[:, None] along the features of o.",
+           "m = max(m1, m2); sigma = sigma1 exp(m1 - m) + sigma2 exp(m2 - m); "
+           "o = (sigma1 exp(m1 - m) o1 + sigma2 exp(m2 - m) o2) / sigma"),
     floor=_merge_floor,
 )
 
 
 def check_softmax_merge(fn: Callable) -> CheckResult:
-    """`fn(m1, l1, o1, m2, l2, o2) -> (m, l, o)`: merge two blocks' online-softmax statistics.
+    """`fn(m1, sigma1, o1, m2, sigma2, o2) -> (m, sigma, o)`: merge two blocks' online softmax.
 
     See the "Memory: attention without the S×S matrix" chapter.
     """
