@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from xenith_edu.exercises.engine import close
 from xenith_edu.exercises.torch import (
     BIAS,
     attention_bias_backward,
@@ -118,11 +119,13 @@ def test_the_bias_reference_matches_finite_differences() -> None:
     assert np.all(dbias[:, seen] != 0) and np.allclose(dbias.sum(axis=-1), 0, atol=1e-12)
 
 
+def _differ(a: dict, b: dict) -> bool:
+    return any(not close(a[n], b[n], 1e-8) for n in a)
+
+
 def test_the_bias_cases_tell_the_mistakes_apart() -> None:
     """On the first case of every draw (B >= 2, H >= 2, S >= 4, masked entries), every known
     mistake gives an answer of its own, and none is the right one."""
-    from xenith_edu.exercises.engine import close
-
     for seed in [None, 0, 1, 2, 3, 4]:
         cases = BIAS.make_cases(None if seed is None else np.random.default_rng(seed))
         assert {c.args[1].dtype for c in cases} == {np.dtype(np.float64), np.dtype(np.float32)}
@@ -131,9 +134,8 @@ def test_the_bias_cases_tell_the_mistakes_apart() -> None:
         assert args[1].dtype == np.float64 and B >= 2 and H >= 2 and S >= 4
         exp = dict(zip(BIAS.out_names, BIAS.reference(*args), strict=True))
         answers = [{**exp, **make()} for _, make in BIAS.mistakes(args, exp)]
-        differ = lambda a, b: any(not close(a[n], b[n], 1e-8) for n in exp)  # noqa: E731
-        assert all(differ(a, exp) for a in answers)
-        assert all(differ(a, b) for i, a in enumerate(answers) for b in answers[i + 1:])
+        assert all(_differ(a, exp) for a in answers)
+        assert all(_differ(a, b) for i, a in enumerate(answers) for b in answers[i + 1:])
 
 
 def convert(weight, n_head, *, transpose=True, order="inverse", axis="out", heads=None,

@@ -313,7 +313,8 @@ def _bias_mistakes(args: tuple, exp: dict) -> list[Mistake]:
         ("the weights P leave out the bias: Z = q k^T / sqrt(hd) + bias + mask, so P, and with "
          "it every gradient, depends on the bias.", full(bias_in=0.0)),
         (f"the bias is divided by sqrt(hd) = {fmt(r)} with q k^T: the scale multiplies q k^T "
-         "only, the bias is added after it (as attn_mask is).", full(bias_in=1 / r, bias_grad=1 / r)),
+         "only, the bias is added after it (as attn_mask is).",
+         full(bias_in=1 / r, bias_grad=1 / r)),
         (f"the 1/sqrt(hd) scale of q k^T is missing from dq and dk (hd = {hd}).",
          lambda: {"dq": exp["dq"] * r, "dk": exp["dk"] * r}),
         (f"dbias is divided by sqrt(hd) = {fmt(r)}: the scale belongs to q k^T, the bias is "
@@ -397,8 +398,8 @@ BIAS = Spec(
     floor=_bias_floor,
     shape_hints={"dbias": "The bias is (H, S, S), shared by the B sequences: dbias has its "
                           "shape, dZ summed over the batch axis (the broadcast row)."},
-    dtype_hint=("divide by hd**0.5, a Python float, not np.sqrt(hd), a float64 scalar that "
-                "makes float32 arrays float64"),
+    dtype_hint=("Divide by hd**0.5, a Python float, not by np.sqrt(hd), a float64 scalar that "
+                "makes float32 arrays float64."),
     hints=("The bias is added to the scores, Z = q k^T / sqrt(hd) + bias + mask: addition "
            "passes dZ to it unchanged, and a parameter shared by the B sequences gets the sum "
            "of their gradients (the broadcast row). dq, dk, dv are causal attention's, with the "
