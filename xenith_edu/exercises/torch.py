@@ -283,8 +283,9 @@ def biased64(dout, q, k, v, bias, *, bias_in=1.0, bias_grad=1.0, masked=True,
 
 SHARED = ("the bias is shared by the B sequences, so its gradient is the sum of their dZ over "
           "the batch (the broadcast row)")
-BIAS_LEAK = ("dbias is not zero above the diagonal: there Z = -inf whatever the bias holds, so "
-             "P = 0 and dZ = P * (...) = 0; a masked entry of the bias gets no gradient.")
+BIAS_LEAK = ("dbias is right on and below the diagonal but not zero above it: there Z = -inf "
+             "whatever the bias holds, so P = 0 and dZ = P * (...) = 0; a masked entry of the "
+             "bias gets no gradient.")
 OUTS = ("dq", "dk", "dv", "dbias")
 
 
@@ -334,14 +335,17 @@ def _bias_mistakes(args: tuple, exp: dict) -> list[Mistake]:
 
 
 def _bias_diagnose(args: tuple, exp: dict, got: dict, wrong: set, tol: float) -> list[str]:
-    """A dbias with gradient in masked positions, when no known mistake explains it."""
+    """A dbias right where the mask lets the scores through and not zero where it does not,
+    when no known mistake explains it."""
     g, e = np.asarray(got["dbias"], dtype=np.float64), exp["dbias"]
     S = e.shape[-1]
     if "dbias" not in wrong or g.shape != e.shape or S < 2:
         return []
     future = np.triu(np.ones((S, S), dtype=bool), k=1)  # (S, S) the masked entries
-    size = max(float(np.max(np.abs(e))), amax(args[0], args[3]))
-    return [BIAS_LEAK] if float(np.max(np.abs(g[..., future]))) > 10 * tol * size else []
+    size = float(np.max(np.abs(e)))
+    seen_right = float(np.max(np.abs(g[..., ~future] - e[..., ~future]))) <= 10 * tol * size
+    leaks = float(np.max(np.abs(g[..., future]))) > 10 * tol * size
+    return [BIAS_LEAK] if seen_right and leaks else []
 
 
 def _bias_terms(args: tuple) -> dict[str, list[Term]]:
