@@ -1,19 +1,141 @@
-"""The exercise check of the "Your backward inside PyTorch" chapter, mutation-tested.
+"""The exercise checks of the "Your backward inside PyTorch" chapter, mutation-tested.
 
 Each mistake of the catalogue is rejected with its diagnosis; several right answers, written
-in different ways, pass. The check itself is NumPy only: nothing here imports torch.
+in different ways, pass; the attention bias's reference matches finite differences. The checks
+themselves are NumPy only: nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from xenith_edu.exercises.torch import half_rows, wq_from_rotate_half
+from xenith_edu.exercises.engine import close
+from xenith_edu.exercises.torch import (
+    BIAS,
+    attention_bias_backward,
+    attention_bias_forward,
+    half_rows,
+    wq_from_rotate_half,
+)
+from xenith_edu.tools.gradcheck import check_gradient
 
 from .helpers import catalogue_tests, kw
 
 # Shape legend: d width, H heads (n_head), hd = d // H head width. A checkpoint's `weight` is
 # nn.Linear's (out, in) = (d, d) with rotate-half output order; ours is (in, out), interleaved.
+# The attention bias: B batch, S positions; q, k, v, dout (B, H, S, hd), bias (H, S, S).
+
+
+# ---------------------------------------------------------------- the learned attention bias
+def biased(dout, q, k, v, bias, *, batch="sum", masked=True, leak=False, dbias_from="dZ",
+           scale_qk=True, scale_dbias=False, bias_in="added", transpose_dbias=False,
+           rowsum=True, rowsum_sign=-1.0, swap_qk=False, dv_no_t=False, shift=True,
+           np_sqrt=False, in_place=False):
+    """From scratch, with one switch per mistake of the catalogue."""
+    S, hd = q.shape[-2:]
+    root = np.sqrt(hd) if np_sqrt else hd**0.5  # np.sqrt: a float64 scalar, promotes float32
+    T = lambda a: np.swapaxes(a, -1, -2)  # noqa: E731
+    b = {"added": bias, "none": 0 * bias, "scaled": bias / root}[bias_in]
+    with np.errstate(all="ignore"):
+        Z = q @ T(k) / root + b  # (B, H, S, S)
+        if masked:
+            Z = np.where(np.triu(np.ones((S, S), dtype=bool), k=1), -np.inf, Z)
+        P = np.exp(Z - Z.max(axis=-1, keepdims=True) if shift else Z)
+        P = P / P.sum(axis=-1, keepdims=True)  # (B, H, S, S)
+    dP = dout @ T(v)  # (B, H, S, S)
+    dZ = P * (dP + rowsum_sign * np.sum(P * dP, axis=-1, keepdims=True)) if rowsum else P * dP
+    g = {"dZ": dZ, "dP": dP}[dbias_from]
+    if transpose_dbias:
+        g = T(g)
+    dbias = {"sum": lambda: g.sum(axis=0), "first": lambda: g[0], "last": lambda: g[-1],
+             "mean": lambda: g.mean(axis=0), "none": lambda: g,
+             "heads": lambda: g.sum(axis=(0, 1))}[batch]()
+    if bias_in == "scaled" or scale_dbias:
+        dbias = dbias / root
+    if leak:
+        dbias = dbias + 0.25 * np.triu(np.ones((S, S), dtype=q.dtype), k=1)
+    sc = 1 / root if scale_qk else 1.0
+    dq, dk = dZ @ k * sc, T(dZ) @ q * sc
+    dv = (P if dv_no_t else T(P)) @ dout
+    if in_place:
+        dout *= 1.0
+        dout += 1.0
+    return (dk, dq, dv, dbias) if swap_qk else (dq, dk, dv, dbias)
+
+
+def bias_by_heads(dout, q, k, v, bias):
+    """Head by head with the softmax Jacobian diag(p) - p p^T formed row by row; dbias
+    accumulated one sequence at a time."""
+    B, H, S, hd = q.shape
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    dbias = np.zeros_like(bias)
+    for b in range(B):
+        for h in range(H):
+            Z = q[b, h] @ k[b, h].T / math.sqrt(hd) + bias[h]  # (S, S)
+            Z[np.triu_indices(S, 1)] = -np.inf
+            P = np.exp(Z - Z.max(axis=1, keepdims=True))
+            P /= P.sum(axis=1, keepdims=True)
+            dP = dout[b, h] @ v[b, h].T  # (S, S)
+            dZ = np.stack([dP[i] @ (np.diag(P[i]) - np.outer(P[i], P[i])) for i in range(S)])
+            dq[b, h] = dZ @ k[b, h] / math.sqrt(hd)
+            dk[b, h] = dZ.T @ q[b, h] / math.sqrt(hd)
+            dv[b, h] = P.T @ dout[b, h]
+            dbias[h] += dZ
+    return dq, dk, dv, dbias
+
+
+def bias_by_package(dout, q, k, v, bias):
+    return attention_bias_backward(dout, attention_bias_forward(q, k, v, bias)[1])
+
+
+def test_the_bias_reference_matches_finite_differences() -> None:
+    """The reference against central differences in float64, each input, from a forward written
+    here (not the module's), on B = 2 sequences with masked entries."""
+    rng = np.random.default_rng(11)
+    B, H, S, hd = 2, 2, 4, 6
+    q, k, v, G = (rng.standard_normal((B, H, S, hd)) for _ in range(4))  # G plays dout
+    bias = rng.standard_normal((H, S, S))
+
+    def loss(q, k, v, bias):  # sum(out * G), out = softmax(q k^T / sqrt(hd) + bias + mask) v
+        Z = q @ np.swapaxes(k, -1, -2) / math.sqrt(hd) + bias
+        Z = np.where(np.tril(np.ones((S, S), dtype=bool)), Z, -np.inf)
+        P = np.exp(Z - Z.max(axis=-1, keepdims=True))
+        return float(np.sum((P / P.sum(axis=-1, keepdims=True)) @ v * G))
+
+    grads = bias_by_package(G, q, k, v, bias)
+    args = {"q": q, "k": k, "v": v, "bias": bias}
+    for (name, x), grad in zip(args.items(), grads, strict=True):
+        f = lambda a, name=name: loss(**{**args, name: a})  # noqa: E731
+        res = check_gradient(f, x.copy(), grad, name=f"d{name}")
+        assert res.passed, str(res)
+    # masked entries get exactly 0; query 0 sees key 0 only, so its row is 0 too; every row
+    # sums to 0 (a constant added to a row of scores does not change the softmax)
+    future, seen = np.triu(np.ones((S, S), dtype=bool), k=1), np.tri(S, dtype=bool)
+    seen[0] = False
+    dbias = grads[3]  # (H, S, S)
+    assert np.all(dbias[:, future] == 0) and np.all(dbias[:, 0] == 0)
+    assert np.all(dbias[:, seen] != 0) and np.allclose(dbias.sum(axis=-1), 0, atol=1e-12)
+
+
+def _differ(a: dict, b: dict) -> bool:
+    return any(not close(a[n], b[n], 1e-8) for n in a)
+
+
+def test_the_bias_cases_tell_the_mistakes_apart() -> None:
+    """On the first case of every draw (B >= 2, H >= 2, S >= 4, masked entries), every known
+    mistake gives an answer of its own, and none is the right one."""
+    for seed in [None, 0, 1, 2, 3, 4]:
+        cases = BIAS.make_cases(None if seed is None else np.random.default_rng(seed))
+        assert {c.args[1].dtype for c in cases} == {np.dtype(np.float64), np.dtype(np.float32)}
+        args = cases[0].args
+        B, H, S, _ = args[1].shape
+        assert args[1].dtype == np.float64 and B >= 2 and H >= 2 and S >= 4
+        exp = dict(zip(BIAS.out_names, BIAS.reference(*args), strict=True))
+        answers = [{**exp, **make()} for _, make in BIAS.mistakes(args, exp)]
+        assert all(_differ(a, exp) for a in answers)
+        assert all(_differ(a, b) for i, a in enumerate(answers) for b in answers[i + 1:])
 
 
 def convert(weight, n_head, *, transpose=True, order="inverse", axis="out", heads=None,
@@ -88,6 +210,7 @@ def in_place(weight, n_head):
 
 
 RIGHT = {
+    "attention_bias_backward": (biased, bias_by_heads, bias_by_package),
     "wq_from_rotate_half": (convert, by_reshape, by_loops, by_argsort, by_matrix_product,
                             wq_from_rotate_half),
 }
@@ -95,8 +218,42 @@ RIGHT = {
 ORDER = "the permutation goes the wrong way"
 LAYOUT = "in nn.Linear's (out, in) layout"
 
+SHARED = "shared by the B sequences"
+
 # (exercise, mutant, words the verdict must contain[, words it must not contain])
 MUTANTS = [
+    ("attention_bias_backward", kw(biased, batch="first"), ["first sequence's dZ only", SHARED,
+                                                            "broadcast row"]),
+    ("attention_bias_backward", kw(biased, batch="last"), ["last sequence's dZ only", SHARED]),
+    ("attention_bias_backward", kw(biased, batch="mean"), ["averaged over the batch", SHARED]),
+    ("attention_bias_backward", kw(biased, batch="none"),
+     ["dbias has shape", "summed over the batch axis"]),
+    ("attention_bias_backward", kw(biased, batch="heads"), ["dbias has shape", "(H, S, S)"]),
+    ("attention_bias_backward", kw(biased, masked=False), ["ignores the causal mask"]),
+    ("attention_bias_backward", kw(biased, leak=True),
+     ["right on and below the diagonal but not zero above it"], ["transposed"]),
+    ("attention_bias_backward", kw(biased, dbias_from="dP"), ["summed from dP"]),
+    ("attention_bias_backward", kw(biased, scale_qk=False), ["missing from dq and dk"],
+     ["dbias is divided"]),
+    ("attention_bias_backward", kw(biased, scale_dbias=True), ["dbias is divided by sqrt(hd)"],
+     ["missing from dq and dk"]),
+    ("attention_bias_backward", kw(biased, bias_in="scaled"),
+     ["with q k^T: the scale multiplies q k^T only"]),
+    ("attention_bias_backward", kw(biased, bias_in="none"), ["leave out the bias"]),
+    ("attention_bias_backward", kw(biased, transpose_dbias=True), ["dbias is transposed"],
+     ["not zero above it"]),
+    ("attention_bias_backward", kw(biased, rowsum=False), ["row-sum term is missing"]),
+    ("attention_bias_backward", kw(biased, swap_qk=True), ["dq and dk are swapped"]),
+    ("attention_bias_backward", kw(biased, dv_no_t=True), ["dv needs the transposed weights"]),
+    # two slips at once: no entry of the table, the fit in the reference's terms names both
+    ("attention_bias_backward", kw(biased, batch="first", scale_dbias=True),
+     ["in dbias, every term: only the first sequence's", "off by a factor of sqrt(hd)"]),
+    ("attention_bias_backward", kw(biased, rowsum_sign=1.0),
+     ["-(P * rowsum(P * dP)) @ k / sqrt(hd) has its sign flipped"]),
+    ("attention_bias_backward", kw(biased, shift=False), ["Overflow in exp"]),
+    ("attention_bias_backward", kw(biased, np_sqrt=True),
+     ["dq has dtype float64, expected float32"]),
+    ("attention_bias_backward", kw(biased, in_place=True), ["changed its input `dout` in place"]),
     ("wq_from_rotate_half", kw(convert, transpose=False), [LAYOUT], [ORDER]),
     ("wq_from_rotate_half", kw(convert, order="none"), ["still in rotate-half order"], [LAYOUT]),
     ("wq_from_rotate_half", kw(convert, order="tau"), [ORDER, "its inverse"], [LAYOUT]),

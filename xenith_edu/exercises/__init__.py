@@ -72,7 +72,7 @@ from .swiglu import (
     check_silu_grad,
     check_swiglu_backward,
 )
-from .torch import check_wq_from_rotate_half
+from .torch import check_attention_bias_backward, check_wq_from_rotate_half
 from .training import (
     check_adam_l2_update,
     check_adamw_update,
@@ -142,6 +142,7 @@ __all__ = [
     "check_capstone_layer",
     "check_global_gradient",
     "check_ring_allreduce_bytes",
+    "check_attention_bias_backward",
     "check_wq_from_rotate_half",
     "check_padded_cross_entropy",
     "check_wk_from_hf",

@@ -1,17 +1,21 @@
-"""Exercises of the "Your backward inside PyTorch" chapter: a rotate-half checkpoint's W_q in ours.
+"""Exercises of the "Your backward inside PyTorch" chapter: a learned attention bias's backward,
+and a rotate-half checkpoint's W_q in ours.
 
-NumPy only (this module never imports torch); the check names the usual conversion mistakes.
+NumPy only (this module never imports torch); each check names the usual mistakes.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
 
+from ..attention import AttentionCache, causal_attention_backward, causal_mask
 from ..model.hf.layout import pair_rows
 from .engine import check
-from .kit import amax, int_sampler, randn
+from .fit import Term
+from .kit import OVERFLOW, amax, fmt, int_sampler, randn
 from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: d width, H heads, hd = d // H head width (even). A checkpoint's weight is
@@ -192,6 +196,235 @@ def check_wq_from_rotate_half(fn: Callable) -> CheckResult:
     return check(WQ, fn)
 
 
-SPECS = [WQ]
+# ----------------------------------------------------------------------------------------------
+# A learned attention bias: Z = q k^T / sqrt(hd) + bias + causal mask, the bias shared by the
+# batch, as scaled_dot_product_attention's float attn_mask (ALiBi, T5's relative positions).
+# Shape legend: B batch, H heads, S positions, hd head width; q, k, v, dout (B, H, S, hd),
+# bias (H, S, S).
 
-__all__ = ["check_wq_from_rotate_half"]
+
+def attention_bias_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                           bias: np.ndarray) -> tuple[np.ndarray, AttentionCache]:
+    """softmax(q k^T / sqrt(hd) + bias + causal mask) @ v; `(out (B, H, S, hd), cache)`.
+
+    The cache is causal attention's, (q, k, v, P), with the biased weights P: what the backward
+    reads is the same. See the "Your backward inside PyTorch" chapter.
+    """
+    S, hd = q.shape[-2:]
+    scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(hd) + bias  # (B, H, S, S)
+    scores = scores + causal_mask(S, q.dtype)  # a key after the query gets -inf
+    scores = scores - scores.max(axis=-1, keepdims=True)  # the diagonal is never masked
+    P = np.exp(scores)  # masked entries become exactly 0
+    P = P / P.sum(axis=-1, keepdims=True)  # (B, H, S, S) rows sum to 1
+    return P @ v, AttentionCache(q, k, v, P)
+
+
+def attention_bias_backward(dout: np.ndarray, cache: AttentionCache) -> tuple:
+    """`(dq, dk, dv, dbias)`: causal attention's backward on the biased weights, and the bias rule.
+
+    The bias is added to the scores, so it receives their gradient dZ unchanged; shared by the B
+    sequences, it gets the sum over the batch (the broadcast row). dZ is zero where P is.
+    """
+    dq, dk, dv = causal_attention_backward(dout, cache)  # (B, H, S, hd) each
+    P = cache.att  # (B, H, S, S)
+    dP = dout @ np.swapaxes(cache.v, -1, -2)  # (B, H, S, S)
+    dZ = P * (dP - np.sum(P * dP, axis=-1, keepdims=True))  # (B, H, S, S)
+    return dq, dk, dv, dZ.sum(axis=0)  # dbias (H, S, S)
+
+
+def _bias_reference(dout, q, k, v, bias) -> tuple:
+    return attention_bias_backward(dout, attention_bias_forward(q, k, v, bias)[1])
+
+
+def _bias_cases(rng: np.random.Generator) -> list[Case]:
+    ints = int_sampler(rng)
+
+    def hd() -> int:  # sqrt(hd) is never 2 or 3, so the scale is never a batch size
+        return int(rng.choice([2, 6, 8]))
+
+    # (what, B, H, S, hd, dtype, shift of the bias). The first two cases have B >= 2 (a missing
+    # batch sum shows), H >= 2 and S >= 4 (the bias is (H, S, S), masked entries present). The
+    # last one's scores are near 750, where exp overflows: a shift of every score leaves the
+    # softmax, and so every gradient, as it is, and the weights do not saturate.
+    plans = [("", ints(2, 3), ints(2, 3), ints(4, 6), hd(), np.float64, 0.0),
+             ("", ints(2, 3), 2, ints(5, 7), hd(), np.float32, 0.0),
+             ("one sequence, ", 1, 2, ints(3, 5), hd(), np.float64, 0.0),
+             ("S=1 (one position), ", 2, 2, 1, hd(), np.float64, 0.0),
+             ("a bias near 750, ", 2, 2, ints(4, 6), 6, np.float64, 750.0)]
+    cases = []
+    for what, B, H, S, w, dtype, shift in plans:
+        q, k, v, dout = (randn(rng, (B, H, S, w), dtype) for _ in range(4))  # (B, H, S, hd)
+        bias = (shift + rng.standard_normal((H, S, S))).astype(dtype)  # (H, S, S), all entries
+        sizes = ", ".join(f"{n}={x}" for n, x in zip("BHS", (B, H, S), strict=True)
+                          if f"{n}=" not in what and not (n == "B" and what.startswith("one")))
+        cases.append(Case(f"{np.dtype(dtype).name}, {what}{sizes}, hd={w}",
+                          (dout, q, k, v, bias), OVERFLOW if shift else ""))
+    return cases
+
+
+def biased64(dout, q, k, v, bias, *, bias_in=1.0, bias_grad=1.0, masked=True,
+             rowsum=True) -> dict:
+    """Everything of the biased attention in float64, with a switch per slip: P, dP, dZ
+    (B, H, S, S), dq, dk, dv (B, H, S, hd), dbias (H, S, S). `bias_in` multiplies the bias in Z,
+    `bias_grad` its gradient."""
+    S, hd = q.shape[-2:]
+    T = np.swapaxes
+    Z = q @ T(k, -1, -2) / math.sqrt(hd) + bias_in * bias  # (B, H, S, S)
+    if masked:
+        Z = Z + causal_mask(S, np.float64)
+    P = np.exp(Z - Z.max(axis=-1, keepdims=True))
+    P = P / P.sum(axis=-1, keepdims=True)  # (B, H, S, S)
+    dP = dout @ T(v, -1, -2)  # (B, H, S, S)
+    dZ = P * (dP - np.sum(P * dP, axis=-1, keepdims=True)) if rowsum else P * dP
+    sc = 1.0 / math.sqrt(hd)
+    return {"P": P, "dP": dP, "dZ": dZ, "dq": dZ @ k * sc, "dk": T(dZ, -1, -2) @ q * sc,
+            "dv": T(P, -1, -2) @ dout, "dbias": bias_grad * dZ.sum(axis=0)}
+
+
+SHARED = ("the bias is shared by the B sequences, so its gradient is the sum of their dZ over "
+          "the batch (the broadcast row)")
+BIAS_LEAK = ("dbias is right on and below the diagonal but not zero above it: there Z = -inf "
+             "whatever the bias holds, so P = 0 and dZ = P * (...) = 0; a masked entry of the "
+             "bias gets no gradient.")
+OUTS = ("dq", "dk", "dv", "dbias")
+
+
+def _bias_mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    dout, q, k, v, bias = args
+    hd, B = q.shape[-1], q.shape[0]
+    r = math.sqrt(hd)
+    f = biased64(*args)
+    dZ, T = f["dZ"], np.swapaxes
+
+    def full(**kw) -> Callable[[], dict]:
+        return lambda: {n: a for n, a in biased64(*args, **kw).items() if n in OUTS}
+
+    return [
+        (f"dbias keeps the first sequence's dZ only: {SHARED}.", lambda: {"dbias": dZ[0]}),
+        (f"dbias keeps the last sequence's dZ only (overwritten, not accumulated): {SHARED}.",
+         lambda: {"dbias": dZ[-1]}),
+        (f"dbias is averaged over the batch (divided by B = {B}): {SHARED}, not their mean.",
+         lambda: {"dbias": dZ.mean(axis=0)}),
+        ("dbias is summed from dP, the gradient of the weights: the bias is added to the "
+         "scores before the softmax, so it receives dZ = P * (dP - rowsum(P * dP)).",
+         lambda: {"dbias": f["dP"].sum(axis=0)}),
+        ("the softmax ignores the causal mask: the weights must be zero above the diagonal, "
+         "and so must dZ, dbias and what keys and values receive from earlier queries.",
+         full(masked=False)),
+        ("the weights P leave out the bias: Z = q k^T / sqrt(hd) + bias + mask, so P, and with "
+         "it every gradient, depends on the bias.", full(bias_in=0.0)),
+        (f"the bias is divided by sqrt(hd) = {fmt(r)} with q k^T: the scale multiplies q k^T "
+         "only, the bias is added after it (as attn_mask is).",
+         full(bias_in=1 / r, bias_grad=1 / r)),
+        (f"the 1/sqrt(hd) scale of q k^T is missing from dq and dk (hd = {hd}).",
+         lambda: {"dq": exp["dq"] * r, "dk": exp["dk"] * r}),
+        (f"dbias is divided by sqrt(hd) = {fmt(r)}: the scale belongs to q k^T, the bias is "
+         "added after it, so dbias = sum over the batch of dZ, unscaled.",
+         lambda: {"dbias": exp["dbias"] / r}),
+        ("dbias is transposed: bias[h, i, j] is added to query i's score of key j, so "
+         "dbias[h, i, j] sums dZ[b, h, i, j], zero above the diagonal like P.",
+         lambda: {"dbias": T(dZ, -1, -2).sum(axis=0)}),
+        ("the softmax Jacobian's row-sum term is missing: dZ = P * (dP - sum(P * dP, axis=-1, "
+         "keepdims=True)).", lambda: {n: a for n, a in full(rowsum=False)().items()
+                                      if n != "dv"}),
+        ("dq and dk are swapped: dq = dZ @ k / sqrt(hd) and dk = dZ^T @ q / sqrt(hd).",
+         lambda: {"dq": exp["dk"], "dk": exp["dq"]}),
+        ("dv needs the transposed weights: dv = P^T @ dout, not P @ dout.",
+         lambda: {"dv": f["P"] @ dout}),
+    ]
+
+
+def _bias_diagnose(args: tuple, exp: dict, got: dict, wrong: set, tol: float) -> list[str]:
+    """A dbias right where the mask lets the scores through and not zero where it does not,
+    when no known mistake explains it."""
+    g, e = np.asarray(got["dbias"], dtype=np.float64), exp["dbias"]
+    S = e.shape[-1]
+    if "dbias" not in wrong or g.shape != e.shape or S < 2:
+        return []
+    future = np.triu(np.ones((S, S), dtype=bool), k=1)  # (S, S) the masked entries
+    size = float(np.max(np.abs(e)))
+    seen_right = float(np.max(np.abs(g[..., ~future] - e[..., ~future]))) <= 10 * tol * size
+    leaks = float(np.max(np.abs(g[..., future]))) > 10 * tol * size
+    return [BIAS_LEAK] if seen_right and leaks else []
+
+
+def _bias_terms(args: tuple) -> dict[str, list[Term]]:
+    """dq, dk, dbias from the softmax's two terms, P * dP and -P * rowsum(P * dP); dv = P^T dout."""
+    dout, q, k, v, bias = args
+    f = biased64(*args)
+    P, dP, T = f["P"], f["dP"], np.swapaxes
+    sc = 1.0 / math.sqrt(q.shape[-1])
+    A = P * dP  # (B, H, S, S)
+    rows = P * np.sum(A, axis=-1, keepdims=True)  # (B, H, S, S)
+    cols = P * np.sum(A, axis=-2, keepdims=True)  # the sum over the queries instead
+    axis = "its row sum runs over the queries (axis=-2), not over each row's keys (axis=-1)"
+    flip, one = "the score gradient is transposed", "only the first sequence's, not the batch sum"
+    return {
+        "dq": [Term("(P * dP) @ k / sqrt(hd)", A @ k * sc, slips=((flip, T(A, -1, -2) @ k * sc),)),
+               Term("-(P * rowsum(P * dP)) @ k / sqrt(hd)", -rows @ k * sc,
+                    slips=((flip, -T(rows, -1, -2) @ k * sc), (axis, -cols @ k * sc)))],
+        "dk": [Term("(P * dP)^T @ q / sqrt(hd)", T(A, -1, -2) @ q * sc,
+                    slips=((flip, A @ q * sc),)),
+               Term("-(P * rowsum(P * dP))^T @ q / sqrt(hd)", -T(rows, -1, -2) @ q * sc,
+                    slips=((flip, -rows @ q * sc), (axis, -T(cols, -1, -2) @ q * sc)))],
+        "dv": [Term("P^T @ dout", T(P, -1, -2) @ dout, slips=(("P is not transposed", P @ dout),))],
+        "dbias": [Term("sum over the batch of P * dP", A.sum(axis=0),
+                       slips=((one, A[0]), (flip, T(A, -1, -2).sum(axis=0)))),
+                  Term("-sum over the batch of P * rowsum(P * dP)", -rows.sum(axis=0),
+                       slips=((one, -rows[0]), (flip, -T(rows, -1, -2).sum(axis=0)),
+                              (axis, -cols.sum(axis=0))))],
+    }
+
+
+def _bias_floor(args: tuple) -> dict[str, float]:
+    """The size of the terms of each gradient, even where the softmax saturates."""
+    dout, q, k, v, _ = args
+    B, hd = q.shape[0], q.shape[-1]
+    dP = amax(dout, v) * hd  # dP sums hd products
+    return {"dq": dP * amax(k), "dk": dP * amax(q), "dv": amax(dout), "dbias": dP * B}
+
+
+BIAS = Spec(
+    id="attention_bias_backward",
+    reference_name="xenith_edu.exercises.torch.attention_bias_backward",
+    arg_names=("dout", "q", "k", "v", "bias"),
+    out_names=OUTS,
+    kinds=("array",) * 4,
+    reference=_bias_reference,
+    cases=_bias_cases,
+    seed=1415,
+    summary="float64 and float32, B = 1 to 3, S = 1 to 7, scores near 750",
+    mistakes=_bias_mistakes,
+    diagnose=_bias_diagnose,
+    terms=_bias_terms,
+    factors=lambda a: {f"sqrt(hd) = {fmt(math.sqrt(a[1].shape[-1]))}": math.sqrt(a[1].shape[-1]),
+                       f"B = {a[1].shape[0]}": float(a[1].shape[0])},
+    floor=_bias_floor,
+    shape_hints={"dbias": "The bias is (H, S, S), shared by the B sequences: dbias has its "
+                          "shape, dZ summed over the batch axis (the broadcast row)."},
+    dtype_hint=("Divide by hd**0.5, a Python float, not by np.sqrt(hd), a float64 scalar that "
+                "makes float32 arrays float64."),
+    hints=("The bias is added to the scores, Z = q k^T / sqrt(hd) + bias + mask: addition "
+           "passes dZ to it unchanged, and a parameter shared by the B sequences gets the sum "
+           "of their gradients (the broadcast row). dq, dk, dv are causal attention's, with the "
+           "biased weights P.",
+           "P = softmax(q k^T / hd**0.5 + bias + mask); dP = dout @ v^T; dZ = P * (dP - "
+           "sum(P * dP, axis=-1, keepdims=True)); dq = dZ @ k / hd**0.5, dk = dZ^T @ q / "
+           "hd**0.5, dv = P^T @ dout; dbias = dZ.sum(axis=0).",
+           "dbias[h] = sum over b of P[b, h] * (dP[b, h] - rowsum(P[b, h] * dP[b, h])), "
+           "(H, S, S), zero above the diagonal; no 1/sqrt(hd) in it."),
+)
+
+
+def check_attention_bias_backward(fn: Callable) -> CheckResult:
+    """`fn(dout, q, k, v (B, H, S, hd), bias (H, S, S)) -> (dq, dk, dv, dbias)`.
+
+    Causal attention with a learned bias added to the scores, shared by the batch.
+    See the "Your backward inside PyTorch" chapter.
+    """
+    return check(BIAS, fn)
+
+
+SPECS = [BIAS, WQ]
+
+__all__ = ["check_attention_bias_backward", "check_wq_from_rotate_half"]
