@@ -434,3 +434,175 @@ def test_evaluate_sums_float32_losses_in_float64():
     assert losses.dtype == np.float32
     want = losses.astype(np.float64).sum() / y.size
     assert evaluate(params, cfg, x, y, chunk=7) == pytest.approx(want, rel=1e-12, abs=0)
+
+
+# -- the loop's steps one by one, fast (what mutation testing asked for) ----------------------
+
+def test_load_data_names_the_text_and_the_checkpoint_it_does_not_fit(tmp_path):
+    from types import SimpleNamespace
+
+    from xenith_edu.training.loop import load_data
+
+    text = tmp_path / "t.txt"
+    text.write_text("abcabcabcabcabcabcabcabcabcabc\n" * 4, encoding="utf-8")
+    tc = TINY.with_settings(text=str(text), seq_len=8)
+    tok, train_ids, val_ids = load_data(tc, None, None)
+    assert tok.vocab == "\nabc" and len(train_ids) + len(val_ids) == 124
+    with pytest.raises(ValueError) as e:
+        load_data(tc.with_settings(seq_len=64), None, None)
+    assert str(e.value).startswith(f"text file '{text}': text is too short: ")
+    ab = SimpleNamespace(tokenizer=lambda: CharTokenizer("\nab"))  # no 'c'
+    with pytest.raises(ValueError) as e:
+        load_data(tc, ab, "old.npz")
+    assert str(e.value).startswith(f"text file '{text}' does not fit checkpoint 'old.npz': ")
+    assert "'c'" in str(e.value) and e.value.__suppress_context__
+    with pytest.raises(ValueError) as e:
+        load_data(TINY, ab, "old.npz")
+    assert str(e.value).startswith("the shipped text does not fit checkpoint 'old.npz': ")
+    fits = SimpleNamespace(tokenizer=lambda: CharTokenizer("\nabcd"))
+    tok, train_ids, _ = load_data(tc, fits, "old.npz")
+    assert tok.vocab == "\nabcd"  # the checkpoint's, not the text's
+    np.testing.assert_array_equal(train_ids[:4], [1, 2, 3, 1])
+
+
+def test_checkpoints_refuses_init_and_resume_together(tmp_path):
+    from xenith_edu.training.loop import checkpoints
+
+    with pytest.raises(ValueError) as e:
+        checkpoints(tmp_path, tmp_path / "a.npz", False, tmp_path / "b.npz")
+    assert str(e.value) == "init starts a new run and resume continues one: give only one"
+    assert checkpoints(tmp_path / "new", None, False, None) == (tmp_path / "new", None, None)
+
+
+def test_initial_state_of_a_new_run_and_of_a_resumed_one():
+    from types import SimpleNamespace
+
+    from xenith_edu.training.loop import initial_state
+
+    tc = TINY.with_settings(seed=5)
+    cfg = Config(vocab_size=7, n_embd=16, n_head=2, n_layer=1, seq_len=8)
+    params, m, v, step, rng = initial_state(tc, cfg, None)
+    want = init_params(cfg, 5, np.float32)
+    assert list(params) == list(want) and step == 0
+    for k in want:
+        np.testing.assert_array_equal(params[k], want[k])
+        assert params[k].dtype == np.float32
+        for moment in (m, v):
+            assert moment[k].dtype == np.float32 and not moment[k].any()
+            assert moment[k].shape == want[k].shape
+    assert m["wq"] is not v["wq"]
+    # the batches' stream is seed + 1, apart from the initialisation's
+    assert rng.integers(1 << 30, size=4).tolist() == \
+        np.random.default_rng(6).integers(1 << 30, size=4).tolist()
+    ck = SimpleNamespace(params={"a": 1}, m={"a": 2}, v={"a": 3}, step=9,
+                         rng=lambda: "the checkpoint's generator")
+    assert initial_state(tc, cfg, ck) == ({"a": 1}, {"a": 2}, {"a": 3}, 9,
+                                          "the checkpoint's generator")
+
+
+def test_evaluate_at_gives_the_training_loss_at_the_last_step_only():
+    from xenith_edu.training.loop import evaluate_at
+
+    calls = []
+
+    def fake(params, cfg, x, y):
+        calls.append((params, cfg, x, y))
+        return {"vx": 2.5, "tx": 1.5}[x]
+
+    tc = TINY.with_settings(steps=6)
+    windows = ("vx", "vy", "tx", "ty")
+    assert evaluate_at(3, tc, "p", "c", windows, fake) == (2.5, None)
+    assert calls == [("p", "c", "vx", "vy")]
+    assert evaluate_at(6, tc, "p", "c", windows, fake) == (2.5, 1.5)
+    assert calls[1:] == [("p", "c", "vx", "vy"), ("p", "c", "tx", "ty")]
+    for bad in (math.nan, math.inf):
+        with pytest.raises(TrainingDiverged) as e:
+            evaluate_at(4, tc, "p", "c", windows, lambda *a, b=bad: b)
+        assert str(e.value) == f"the validation loss became {bad} at step 4" and e.value.step == 4
+
+
+def test_train_wants_a_train_config(tmp_path):
+    with pytest.raises(TypeError) as e:
+        train(TINY.to_dict(), tmp_path)
+    assert str(e.value) == "tc must be a TrainConfig, got dict"
+    assert not any(tmp_path.iterdir())  # nothing written, no lock left
+
+
+def _micro(tmp_path, **kw):
+    """A run of a few steps of a one-layer model on a short text: well under a second."""
+    text = tmp_path / "micro.txt"
+    if not text.exists():
+        text.write_text("the cat sat on the mat; the dog ate the log.\n" * 6, encoding="utf-8")
+    return TrainConfig().with_settings(**{
+        "text": str(text), "n_embd": 16, "n_head": 2, "n_layer": 1, "seq_len": 8,
+        "batch_size": 2, "steps": 5, "eval_every": 2, "eval_batches": 1, "threads": 1,
+        "warmup_steps": 2, "decay_steps": 4, **kw})
+
+
+def test_a_micro_run_is_the_loop_replayed_by_hand(tmp_path, monkeypatch):
+    """The loop's order, step by step: learning rate, evaluation at 0, 2, 4 and the last step,
+    a checkpoint after each evaluation but the first, then batch and update."""
+    from xenith_edu.training import runlog
+    from xenith_edu.training.data import get_batch
+    from xenith_edu.training.loop import data_and_model, initial_state
+    from xenith_edu.training.optim import lr_at
+    from xenith_edu.training.runlog import eval_windows
+    from xenith_edu.training.step import train_step
+    from xenith_edu.training.threads import ThreadShards
+
+    tc = _micro(tmp_path)
+    saved = []
+    real_checkpoint = runlog.RunLog.checkpoint
+
+    def checkpoint(self, step, params, m, v, rng):
+        saved.append((step, params["wq"].copy(), m["wq"].copy(), rng.bit_generator.state))
+        return real_checkpoint(self, step, params, m, v, rng)
+
+    monkeypatch.setattr(runlog.RunLog, "checkpoint", checkpoint)
+    r = _run(tc, tmp_path / "run")
+    tok, train_ids, val_ids, cfg = data_and_model(tc, None, None, None, None)
+    params, m, v, _, rng = initial_state(tc, cfg, None)
+    windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)
+    workers = ThreadShards(1)
+    want_train, want_saved = [], []
+    for step in range(tc.steps):
+        if step in (2, 4):
+            want_saved.append((step, params["wq"].copy(), m["wq"].copy(),
+                               rng.bit_generator.state))
+        lr = lr_at(step, tc.lr, tc.min_lr, tc.warmup_steps, tc.decay_steps)
+        x, y = get_batch(train_ids, tc.batch_size, tc.seq_len, rng)
+        loss, _ = train_step(params, m, v, step, lr, cfg, tc, x, y, workers.loss_and_grads)
+        want_train.append((step, round(loss, 6), float(f"{lr:.6g}")))
+    want_saved.append((5, params["wq"].copy(), m["wq"].copy(), rng.bit_generator.state))
+    records = read_log(tmp_path / "run" / "log.jsonl")
+    assert [(x["step"], x["loss"], x["lr"]) for x in records if x["event"] == "train"] == \
+        want_train
+    assert len({lr for _, _, lr in want_train}) == 4  # warmup, then decay to min_lr
+    evals = [x for x in records if x["event"] == "eval"]
+    assert [x["step"] for x in evals] == [0, 2, 4, 5]
+    assert ["train_loss" in x for x in evals] == [False, False, False, True]
+    assert [s for s, *_ in saved] == [2, 4, 5]
+    for (s, wq, mq, state), (s2, wq2, mq2, state2) in zip(saved, want_saved, strict=True):
+        np.testing.assert_array_equal(wq, wq2, err_msg=f"step {s}")
+        np.testing.assert_array_equal(mq, mq2, err_msg=f"step {s}")
+        assert state == state2 and s == s2
+    for k in params:
+        np.testing.assert_array_equal(r.params[k], params[k], err_msg=k)
+    val_x, val_y, train_x, train_y = windows
+    assert r.val_loss == evaluate(params, cfg, val_x, val_y) == evals[-1]["val_loss"]
+    assert r.train_loss == evaluate(params, cfg, train_x, train_y) == evals[-1]["train_loss"]
+    assert (r.step, r.config, r.train_config, r.out_dir) == (5, cfg, tc, tmp_path / "run")
+    assert r.tokenizer.vocab == tok.vocab
+    assert r.ms_per_step > 0 and r.seconds > r.ms_per_step / 1000
+    assert math.isnan(r.comm_ms_per_step)
+    # resuming at step 4: no checkpoint again at 4, evaluations at 4 and 5
+    saved.clear()
+    _run(_micro(tmp_path, steps=4), tmp_path / "two")
+    saved.clear()
+    two = _run(tc, tmp_path / "two", resume=tmp_path / "two")
+    assert [s for s, *_ in saved] == [5]
+    evals = [x for x in read_log(tmp_path / "two" / "log.jsonl") if x["event"] == "eval"]
+    assert [x["step"] for x in evals] == [0, 2, 4, 5]  # the records before step 4 kept
+    for k in params:
+        np.testing.assert_array_equal(two.params[k], params[k], err_msg=k)
+    assert two.val_loss == r.val_loss and two.train_loss == r.train_loss
