@@ -606,3 +606,37 @@ def test_a_micro_run_is_the_loop_replayed_by_hand(tmp_path, monkeypatch):
     for k in params:
         np.testing.assert_array_equal(two.params[k], params[k], err_msg=k)
     assert two.val_loss == r.val_loss and two.train_loss == r.train_loss
+
+
+def test_a_micro_fine_tuning_run_starts_from_the_weights_with_fresh_moments(tmp_path):
+    from xenith_edu.training.data import get_batch, split_ids
+    from xenith_edu.training.optim import lr_at
+    from xenith_edu.training.step import train_step
+    from xenith_edu.training.threads import ThreadShards
+
+    _run(_micro(tmp_path, steps=3), tmp_path / "base")
+    base = load_checkpoint(tmp_path / "base")
+    tc = _micro(tmp_path, steps=2, seed=11)
+    ft = _run(tc, tmp_path / "ft", init=tmp_path / "base" / "ckpt.npz")
+    params = {k: p.copy() for k, p in base.params.items()}
+    m = {k: np.zeros_like(p) for k, p in params.items()}
+    v = {k: np.zeros_like(p) for k, p in params.items()}
+    rng = np.random.default_rng(12)
+    text = (tmp_path / "micro.txt").read_text(encoding="utf-8")
+    train_ids, _ = split_ids(ft.tokenizer.encode(text))
+    for step in range(2):
+        lr = lr_at(step, tc.lr, tc.min_lr, tc.warmup_steps, tc.decay_steps)
+        x, y = get_batch(train_ids, tc.batch_size, tc.seq_len, rng)
+        train_step(params, m, v, step, lr, ft.config, tc, x, y, ThreadShards(1).loss_and_grads)
+    assert ft.step == 2 and load_checkpoint(tmp_path / "ft").step == 2
+    for k in params:
+        np.testing.assert_array_equal(ft.params[k], params[k], err_msg=k)
+    other = tmp_path / "other.txt"
+    other.write_text("the cat sat on the mat; the dog ate the log!\n" * 6, encoding="utf-8")
+    with pytest.raises(ValueError) as e:  # '!' is not in the checkpoint's vocabulary
+        _run(tc.with_settings(text=str(other)), tmp_path / "ft2", init=tmp_path / "base")
+    assert str(e.value).startswith(f"text file '{other}' does not fit checkpoint "
+                                   f"'{tmp_path / 'base'}': ")
+    with pytest.raises(ValueError, match=r"base' is another model \(n_embd: 16 in the "
+                                         r"checkpoint, 32 asked;"):
+        _run(tc.with_settings(n_embd=32), tmp_path / "ft3", init=tmp_path / "base")
