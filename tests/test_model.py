@@ -444,3 +444,33 @@ def test_loss_and_grads_does_not_recompute_by_default_and_gives_its_cache_up(rng
     transformer.loss_and_grads(params, cfg, x, y, recompute=True)
     assert len(forwards) == 3 * cfg.n_layer
     assert caches[1].layer_inputs == [None] * cfg.n_layer
+
+
+def test_init_and_random_params_are_their_documented_draws():
+    """init_params: N(0, 0.02²) weights and unit gains, drawn in the table's order from the
+    seed (0 and float32 by default); random_params: N(0, 0.4²) and 1 + 0.3·N(0, 1), float64."""
+    from xenith_edu.model.params import PARAM, init_params, param_shapes
+
+    for tie in (True, False):
+        cfg = xe.Config(vocab_size=11, n_embd=16, n_head=2, n_kv_head=1, n_layer=2,
+                        tie_embeddings=tie)
+        shapes = param_shapes(cfg)
+        assert ("lm_head" in shapes) is not tie
+        for params, seed, dtype in ((init_params(cfg), 0, np.float32),
+                                    (init_params(cfg, 4, np.float64), 4, np.float64)):
+            rng = np.random.default_rng(seed)
+            assert list(params) == list(shapes)
+            for k, shape in shapes.items():
+                want = (np.ones(shape) if PARAM[k].kind == "gain"
+                        else 0.02 * rng.standard_normal(shape)).astype(dtype)
+                assert params[k].dtype == dtype and params[k].shape == shape
+                np.testing.assert_array_equal(params[k], want, err_msg=k)
+        params, rng = random_params(cfg, np.random.default_rng(2)), np.random.default_rng(2)
+        for k, shape in shapes.items():
+            want = (1.0 + 0.3 * rng.standard_normal(shape) if PARAM[k].kind == "gain"
+                    else 0.4 * rng.standard_normal(shape))
+            assert params[k].dtype == np.float64
+            np.testing.assert_array_equal(params[k], want, err_msg=k)
+        small = random_params(cfg, np.random.default_rng(2), 0.1, 0.0, np.float32)
+        assert small["wq"].dtype == np.float32 and np.all(small["rms_ffn"] == 1.0)
+        np.testing.assert_allclose(small["wte"], params["wte"] / 4, rtol=1e-6)
