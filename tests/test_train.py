@@ -7,6 +7,7 @@ training recipe) with: XENITH_EDU_UPDATE_GOLDEN=1 python -m pytest tests/test_tr
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -559,7 +560,13 @@ def test_a_micro_run_is_the_loop_replayed_by_hand(tmp_path, monkeypatch):
         return real_checkpoint(self, step, params, m, v, rng)
 
     monkeypatch.setattr(runlog.RunLog, "checkpoint", checkpoint)
+    (tmp_path / "run").mkdir()
+    stale = tmp_path / "run" / ".ckpt.npz.1234.tmp"  # what a killed run leaves behind
+    stale.write_bytes(b"half a checkpoint")
+    t0 = time.perf_counter()
     r = _run(tc, tmp_path / "run")
+    elapsed = time.perf_counter() - t0
+    assert not stale.exists() and not (tmp_path / "run" / ".lock").exists()
     tok, train_ids, val_ids, cfg = data_and_model(tc, None, None, None, None)
     params, m, v, _, rng = initial_state(tc, cfg, None)
     windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)
@@ -571,13 +578,13 @@ def test_a_micro_run_is_the_loop_replayed_by_hand(tmp_path, monkeypatch):
                                rng.bit_generator.state))
         lr = lr_at(step, tc.lr, tc.min_lr, tc.warmup_steps, tc.decay_steps)
         x, y = get_batch(train_ids, tc.batch_size, tc.seq_len, rng)
-        loss, _ = train_step(params, m, v, step, lr, cfg, tc, x, y, workers.loss_and_grads)
-        want_train.append((step, round(loss, 6), float(f"{lr:.6g}")))
+        loss, norm = train_step(params, m, v, step, lr, cfg, tc, x, y, workers.loss_and_grads)
+        want_train.append((step, round(loss, 6), float(f"{lr:.6g}"), round(norm, 4)))
     want_saved.append((5, params["wq"].copy(), m["wq"].copy(), rng.bit_generator.state))
     records = read_log(tmp_path / "run" / "log.jsonl")
-    assert [(x["step"], x["loss"], x["lr"]) for x in records if x["event"] == "train"] == \
-        want_train
-    assert len({lr for _, _, lr in want_train}) == 4  # warmup, then decay to min_lr
+    assert [(x["step"], x["loss"], x["lr"], x["grad_norm"]) for x in records
+            if x["event"] == "train"] == want_train
+    assert len({lr for _, _, lr, _ in want_train}) == 4  # warmup, then decay to min_lr
     evals = [x for x in records if x["event"] == "eval"]
     assert [x["step"] for x in evals] == [0, 2, 4, 5]
     assert ["train_loss" in x for x in evals] == [False, False, False, True]
@@ -593,7 +600,7 @@ def test_a_micro_run_is_the_loop_replayed_by_hand(tmp_path, monkeypatch):
     assert r.train_loss == evaluate(params, cfg, train_x, train_y) == evals[-1]["train_loss"]
     assert (r.step, r.config, r.train_config, r.out_dir) == (5, cfg, tc, tmp_path / "run")
     assert r.tokenizer.vocab == tok.vocab
-    assert r.ms_per_step > 0 and r.seconds > r.ms_per_step / 1000
+    assert 0 < r.ms_per_step / 1000 < r.seconds <= elapsed  # the call's own wall time
     assert math.isnan(r.comm_ms_per_step)
     # resuming at step 4: no checkpoint again at 4, evaluations at 4 and 5
     saved.clear()
@@ -640,3 +647,104 @@ def test_a_micro_fine_tuning_run_starts_from_the_weights_with_fresh_moments(tmp_
     with pytest.raises(ValueError, match=r"base' is another model \(n_embd: 16 in the "
                                          r"checkpoint, 32 asked;"):
         _run(tc.with_settings(n_embd=32), tmp_path / "ft3", init=tmp_path / "base")
+
+
+def test_a_micro_run_stops_with_the_checkpoint_it_leaves(tmp_path, monkeypatch):
+    from xenith_edu.training import loop
+
+    real = threads_mod.loss_and_grads
+    calls = {"n": 0}
+
+    def flaky(params, cfg, x, y, **kw):
+        loss, grads = real(params, cfg, x, y, **kw)
+        calls["n"] += 1
+        return (math.nan if calls["n"] == 4 else loss), grads  # the 4th update is step 3
+
+    monkeypatch.setattr(threads_mod, "loss_and_grads", flaky)
+    with pytest.raises(TrainingDiverged) as e:
+        _run(_micro(tmp_path), tmp_path / "nan")
+    assert str(e.value) == ("the loss became nan at step 3: training stopped; the last good "
+                            f"checkpoint is {tmp_path / 'nan' / 'ckpt.npz'} (step 2)")
+    assert e.value.step == 3 and e.value.__suppress_context__
+    assert not (tmp_path / "nan" / ".lock").exists()
+    monkeypatch.setattr(threads_mod, "loss_and_grads", real)
+    real_batch = loop.get_batch
+
+    def interrupted(ids, batch, seq_len, rng):
+        if calls["n"] == 7:
+            raise KeyboardInterrupt
+        calls["n"] += 1
+        return real_batch(ids, batch, seq_len, rng)
+
+    calls["n"] = 0
+    monkeypatch.setattr(loop, "get_batch", interrupted)
+    with pytest.raises(KeyboardInterrupt) as e:
+        _run(_micro(tmp_path, steps=9, eval_every=3), tmp_path / "stop")
+    assert str(e.value) == ("the last good checkpoint is "
+                            f"{tmp_path / 'stop' / 'ckpt.npz'} (step 6)")
+    assert load_checkpoint(tmp_path / "stop").step == 6
+    assert (tmp_path / "stop" / "loss.png").is_file()  # the curve so far
+    assert not (tmp_path / "stop" / ".lock").exists()
+
+
+def test_a_folder_another_trainer_holds_is_refused(tmp_path):
+    from xenith_edu.training.rundir import FolderLock
+
+    lock = FolderLock(tmp_path / "busy")
+    lock.acquire()
+    try:
+        with pytest.raises(ValueError, match="is in use by another trainer"):
+            _run(_micro(tmp_path), tmp_path / "busy")
+        assert not (tmp_path / "busy" / "log.jsonl").exists()
+    finally:
+        lock.release()
+    _run(_micro(tmp_path, steps=1), tmp_path / "busy")  # released: the folder is free again
+
+
+class _OneRank:
+    """A stand-in for DataParallel with the calls the loop makes: one rank, root or not."""
+
+    def __init__(self, is_root):
+        from xenith_edu.training.threads import ThreadShards
+
+        self.is_root, self.readied, self.evaluated = is_root, [], 0
+        self.loss_and_grads = ThreadShards(1).loss_and_grads
+
+    def ready(self, tc):
+        self.readied.append(tc)
+
+    def evaluate(self, params, cfg, x, y):
+        self.evaluated += 1
+        return evaluate(params, cfg, x, y)
+
+    def take_comm_seconds(self):
+        return 0.0025
+
+
+def test_ranks_share_the_loop_and_rank_0_alone_writes(tmp_path):
+    tc = _micro(tmp_path)
+    alone = _run(tc, tmp_path / "alone")
+    root = _OneRank(True)
+    r = _run(tc, tmp_path / "root", ranks=root)
+    assert root.readied == [tc] and root.evaluated == 5  # steps 0, 2, 4, and 5 twice
+    assert r.comm_ms_per_step == 2.5
+    records = read_log(tmp_path / "root" / "log.jsonl")
+    assert [x["comm_ms"] for x in records if x["event"] == "train"] == [2.5] * 5
+    assert r.val_loss == alone.val_loss
+    for k in r.params:
+        np.testing.assert_array_equal(r.params[k], alone.params[k])
+    other = _OneRank(False)
+    r = _run(tc, tmp_path / "other", ranks=other)
+    assert other.readied == [tc] and not (tmp_path / "other").exists()
+    assert r.val_loss == alone.val_loss
+
+
+def test_a_verbose_run_says_what_it_did(tmp_path, capsys):
+    train(_micro(tmp_path, steps=2), tmp_path / "v", progress=False, verbose=True)
+    captured = capsys.readouterr()
+    assert "step     0: val loss" in captured.out and "step     2: val loss" in captured.out
+    assert f"wrote {tmp_path / 'v' / 'ckpt.npz'}" in captured.out
+    assert "step/s" not in captured.err  # no progress bar
+    train(_micro(tmp_path, steps=2), tmp_path / "p", progress=True, verbose=False)
+    captured = capsys.readouterr()
+    assert "0/2" in captured.err and "step/s" in captured.err and captured.out == ""
