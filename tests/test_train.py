@@ -748,3 +748,59 @@ def test_a_verbose_run_says_what_it_did(tmp_path, capsys):
     train(_micro(tmp_path, steps=2), tmp_path / "p", progress=True, verbose=False)
     captured = capsys.readouterr()
     assert "0/2" in captured.err and "step/s" in captured.err and captured.out == ""
+
+
+def test_a_micro_resume_names_its_checkpoint(tmp_path, capsys, monkeypatch):
+    from xenith_edu.training import loop
+
+    _run(_micro(tmp_path, steps=2), tmp_path / "r")
+    ckpt = tmp_path / "r" / "ckpt.npz"
+    with pytest.raises(ValueError) as e:
+        _run(_micro(tmp_path, n_embd=32), tmp_path / "r", resume=ckpt)
+    assert str(e.value).startswith(f"checkpoint '{ckpt}' is from another model config (")
+    other = tmp_path / "other.txt"
+    other.write_text("the cat sat on the mat; the dog ate the log!\n" * 6, encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        _run(_micro(tmp_path, text=str(other)), tmp_path / "r", resume=ckpt)
+    assert str(e.value).startswith(f"text file '{other}' does not fit checkpoint '{ckpt}': ")
+
+    def interrupted(*a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "get_batch", interrupted)  # before the resumed run saves
+    with pytest.raises(KeyboardInterrupt) as e:
+        train(_micro(tmp_path), tmp_path / "r", resume=ckpt, progress=False, verbose=True)
+    assert str(e.value) == f"the last good checkpoint is {ckpt} (step 2)"
+    assert "wrote" not in capsys.readouterr().out  # an interrupted run does not say it wrote
+    starts = [x for x in read_log(tmp_path / "r" / "log.jsonl") if x["event"] == "start"]
+    assert [x["resumed_from"] for x in starts] == [None, str(ckpt)]
+
+
+def test_a_micro_fine_tuning_of_a_bpe_model_keeps_its_tokenizer_and_model(tmp_path):
+    """The checkpoint's tokenizer.json, vocabulary size (spare rows), key/value heads and
+    padding token carry over to the fine-tuned run, whose checkpoint keeps the tokenizer."""
+    tk = pytest.importorskip("tokenizers")
+    from xenith_edu.training.checkpoint import save_checkpoint
+    from xenith_edu.training.optim import zeros_like_params
+
+    text = "the cat sat on the mat; the dog ate the log.\n" * 6
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    alphabet = tk.pre_tokenizers.ByteLevel.alphabet()
+    tok.train_from_iterator([text], tk.trainers.BpeTrainer(
+        vocab_size=len(alphabet) + 20, initial_alphabet=alphabet,
+        special_tokens=["<s>", "</s>", "<pad>"]))
+    spec = tok.to_str()
+    V = tok.get_vocab_size() + 3  # spare rows, as converted models have
+    base_tc = _micro(tmp_path, n_kv_head=1)
+    cfg = Config(**{**base_tc.model.to_dict(), "vocab_size": V, "pad_token_id": 2})
+    params = init_params(cfg, 0, np.float32)
+    zeros = zeros_like_params(params)
+    save_checkpoint(tmp_path / "bpe.npz", params, zeros, zeros_like_params(params), 0,
+                    np.random.default_rng(0), cfg, "", base_tc.to_dict(), spec)
+    ft = _run(_micro(tmp_path, steps=2), tmp_path / "ft", init=tmp_path / "bpe.npz")
+    assert ft.config.vocab_size == V and ft.config.n_kv_head == 1
+    assert ft.config.pad_token_id == 2 and ft.tokenizer.spec == spec
+    tuned = load_checkpoint(tmp_path / "ft")
+    assert tuned.tokenizer_spec == spec and tuned.vocab == "" and tuned.step == 2
