@@ -733,14 +733,21 @@ def test_ranks_share_the_loop_and_rank_0_alone_writes(tmp_path):
     assert r.val_loss == alone.val_loss
     for k in r.params:
         np.testing.assert_array_equal(r.params[k], alone.params[k])
+    from xenith_edu.training.rundir import FolderLock
+
     other = _OneRank(False)
-    r = _run(tc, tmp_path / "other", ranks=other)
+    lock = FolderLock(tmp_path / "other")  # rank 0's, while the other ranks run
+    lock.acquire()
+    try:
+        r = _run(tc, tmp_path / "other", ranks=other)
+    finally:
+        lock.release()
     assert other.readied == [tc] and not (tmp_path / "other").exists()
     assert r.val_loss == alone.val_loss
 
 
 def test_a_verbose_run_says_what_it_did(tmp_path, capsys):
-    train(_micro(tmp_path, steps=2), tmp_path / "v", progress=False, verbose=True)
+    train(_micro(tmp_path, steps=2), tmp_path / "v", progress=False)  # verbose by default
     captured = capsys.readouterr()
     assert "step     0: val loss" in captured.out and "step     2: val loss" in captured.out
     assert f"wrote {tmp_path / 'v' / 'ckpt.npz'}" in captured.out
