@@ -329,3 +329,148 @@ def test_backward_leaves_the_cache_whole_unless_released(rng):
     _, spent = xe.forward(params, cfg, x, recompute=True)
     xe.backward(params, cfg, spent, y, release=True)
     assert spent.layer_inputs == [None] * cfg.n_layer
+
+
+# -- what mutation testing asked for: dtypes, flash, padding, on_layer, loss_and_grads' choices --
+
+def _arrays(obj, path="cache"):
+    """Every array inside a model cache, with its path."""
+    if isinstance(obj, np.ndarray):
+        yield path, obj
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        for name, value in zip(obj._fields, obj, strict=True):
+            yield from _arrays(value, f"{path}.{name}")
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            yield from _arrays(value, f"{path}[{i}]")
+
+
+@pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.parametrize("attention", ["plain", "flash"])
+def test_float32_stays_float32_in_every_cache_and_gradient(rng, tie, attention):
+    cfg = xe.Config(vocab_size=11, n_embd=16, n_head=4, n_kv_head=2, n_layer=2, seq_len=8,
+                    tie_embeddings=tie, attention=attention, flash_block=4)
+    params = xe.init_params(cfg, seed=3, dtype=np.float32)
+    x, y = rng.integers(0, 11, (2, 8)), rng.integers(0, 11, (2, 8))
+    logits, cache = xe.forward(params, cfg, x)
+    floats = [(p, a) for p, a in _arrays(cache) if a.dtype.kind == "f"]
+    assert len(floats) > 20 and logits.dtype == np.float32
+    assert [p for p, a in floats if a.dtype != np.float32] == []
+    dh, grads = model.attention_block_backward(
+        rng.standard_normal((16, 16)).astype(np.float32), cache.layers[0].attn)
+    assert dh.dtype == np.float32
+    assert {k: g.dtype for k, g in grads.items()} == dict.fromkeys(grads, np.float32)
+    _, grads = xe.backward(params, cfg, cache, y)
+    assert {k: g.dtype for k, g in grads.items()} == dict.fromkeys(params, np.float32)
+
+
+def test_flash_attention_runs_in_blocks_of_the_config_s_size(rng):
+    for block in (2, 3):
+        cfg = xe.Config(vocab_size=11, n_embd=16, n_head=2, n_layer=1, seq_len=8,
+                        attention="flash", flash_block=block)
+        params = xe.init_params(cfg, seed=0, dtype=np.float64)
+        _, cache = xe.forward(params, cfg, rng.integers(0, 11, (1, 8)))
+        att = cache.layers[0].attn.attention
+        assert isinstance(att, xe.flash_attention.FlashCache) and att.block_size == block
+    plain = xe.Config(vocab_size=11, n_embd=16, n_head=2, n_layer=1, seq_len=8)
+    _, cache = xe.forward(xe.init_params(plain, seed=0), plain, rng.integers(0, 11, (1, 8)))
+    assert isinstance(cache.layers[0].attn.attention, xe.attention.AttentionCache)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_padding_targets_count_for_nothing_and_the_pad_row_learns_nothing_as_input(rng, tie):
+    cfg = xe.Config(vocab_size=11, n_embd=16, n_head=2, n_layer=1, seq_len=6,
+                    tie_embeddings=tie, pad_token_id=0)
+    params = random_params(cfg, rng)
+    x = np.array([[0, 3, 4, 0, 5, 6]])  # the pad token as an input, twice
+    y = np.array([[3, 4, 0, 5, 0, 0]])  # and as a target, three times
+    logits, cache = xe.forward(params, cfg, x)
+    loss, grads = xe.backward(params, cfg, cache, y)
+    keep = y[0] != 0
+    want, _ = softmax_cross_entropy(logits[0, keep], y[0, keep])
+    assert loss == pytest.approx(want, rel=1e-12)
+    # the pad row as output row (tied: the same wte) gets the head's gradient only
+    _, dlogits = softmax_cross_entropy(logits, y, 0)
+    xf = cache.head.xf  # (N, d)
+    out_row = (dlogits.reshape(6, -1)[:, 0] @ xf) if tie else np.zeros(16)
+    np.testing.assert_allclose(grads["wte"][0], out_row, rtol=1e-10, atol=1e-14)
+    assert np.abs(grads["wte"][3]).sum() > 0  # a row that is not the pad learns from both
+
+
+def test_on_layer_hears_each_layer_s_gradients_from_the_top_down(rng):
+    cfg, params = make(rng, n_layer=3)
+    x, y = rng.integers(0, cfg.vocab_size, (2, 5)), rng.integers(0, cfg.vocab_size, (2, 5))
+    heard = []
+    _, cache = xe.forward(params, cfg, x)
+    _, grads = xe.backward(params, cfg, cache, y, on_layer=lambda l, g: heard.append((l, g)))
+    assert [l for l, _ in heard] == [2, 1, 0]
+    for l, g in heard:
+        assert set(g) == set(model.LAYER_PARAMS)
+        for k in model.LAYER_PARAMS:
+            np.testing.assert_array_equal(g[k], grads[k][l], err_msg=f"{k}[{l}]")
+
+
+def test_the_model_s_errors_name_the_argument_exactly(small):
+    cfg, params = small
+    with pytest.raises(ValueError) as e:
+        xe.forward(params, cfg, np.array([[1, 2, 11]]))
+    assert str(e.value) == "x has token ids in [1, 11], outside [0, 11)"
+    with pytest.raises(TypeError) as e:
+        xe.backward(params, cfg, ("not", "a cache"), np.array([[1, 2]]))
+    assert str(e.value) == "cache must be the ModelCache that forward returned, got tuple"
+
+
+def test_loss_and_grads_does_not_recompute_by_default_and_gives_its_cache_up(rng, monkeypatch):
+    from xenith_edu.model import transformer
+
+    cfg, params = make(rng)
+    x, y = rng.integers(0, cfg.vocab_size, (2, 5)), rng.integers(0, cfg.vocab_size, (2, 5))
+    forwards, caches = [], []
+    real_layer, real_backward = transformer.layer_forward, transformer.backward
+
+    def layer_forward(*a, **kw):
+        forwards.append(1)
+        return real_layer(*a, **kw)
+
+    def backward(params, cfg, cache, y, *a, **kw):
+        caches.append(cache)
+        return real_backward(params, cfg, cache, y, *a, **kw)
+
+    monkeypatch.setattr(transformer, "layer_forward", layer_forward)
+    monkeypatch.setattr(transformer, "backward", backward)
+    transformer.loss_and_grads(params, cfg, x, y)
+    assert len(forwards) == cfg.n_layer  # once per layer: nothing run again
+    assert caches[0].layers == [None] * cfg.n_layer  # released as backward went
+    transformer.loss_and_grads(params, cfg, x, y, recompute=True)
+    assert len(forwards) == 3 * cfg.n_layer
+    assert caches[1].layer_inputs == [None] * cfg.n_layer
+
+
+def test_init_and_random_params_are_their_documented_draws():
+    """init_params: N(0, 0.02²) weights and unit gains, drawn in the table's order from the
+    seed (0 and float32 by default); random_params: N(0, 0.4²) and 1 + 0.3·N(0, 1), float64."""
+    from xenith_edu.model.params import PARAM, init_params, param_shapes
+
+    for tie in (True, False):
+        cfg = xe.Config(vocab_size=11, n_embd=16, n_head=2, n_kv_head=1, n_layer=2,
+                        tie_embeddings=tie)
+        shapes = param_shapes(cfg)
+        assert ("lm_head" in shapes) is not tie
+        for params, seed, dtype in ((init_params(cfg), 0, np.float32),
+                                    (init_params(cfg, 4, np.float64), 4, np.float64)):
+            rng = np.random.default_rng(seed)
+            assert list(params) == list(shapes)
+            for k, shape in shapes.items():
+                want = (np.ones(shape) if PARAM[k].kind == "gain"
+                        else 0.02 * rng.standard_normal(shape)).astype(dtype)
+                assert params[k].dtype == dtype and params[k].shape == shape
+                np.testing.assert_array_equal(params[k], want, err_msg=k)
+        params, rng = random_params(cfg, np.random.default_rng(2)), np.random.default_rng(2)
+        for k, shape in shapes.items():
+            want = (1.0 + 0.3 * rng.standard_normal(shape) if PARAM[k].kind == "gain"
+                    else 0.4 * rng.standard_normal(shape))
+            assert params[k].dtype == np.float64
+            np.testing.assert_array_equal(params[k], want, err_msg=k)
+        small = random_params(cfg, np.random.default_rng(2), 0.1, 0.0, np.float32)
+        assert small["wq"].dtype == np.float32 and np.all(small["rms_ffn"] == 1.0)
+        np.testing.assert_allclose(small["wte"], params["wte"] / 4, rtol=1e-6)

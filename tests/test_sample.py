@@ -163,3 +163,144 @@ def test_the_sample_command_uses_the_kv_cache(tmp_path, monkeypatch, capsys) -> 
     tok = sample.CharTokenizer("\nabcdefghij")
     # 0.8: the command's default temperature
     assert text == sample_text(params, cfg, tok, "abc", 6, 0.8, seed=1, kv_cache=False)
+
+
+# -- what mutation testing asked for: exact messages, defaults, dtypes, the top-k cut ---------
+
+def _raised(exc: type, call, *args, **kwargs) -> str:
+    with pytest.raises(exc) as info:
+        call(*args, **kwargs)
+    return str(info.value)
+
+
+def test_the_sampler_s_errors_say_what_is_wrong_exactly() -> None:
+    params, cfg = _model()
+    rng = np.random.default_rng(0)
+    assert _raised(TypeError, generate, params, cfg, np.array([1]), 3, 0) == \
+        "rng must be a np.random.Generator, e.g. np.random.default_rng(seed)"
+    assert _raised(ValueError, generate, params, cfg, np.array([1]), 3, rng, 0.0) == \
+        "temperature must be positive, got 0.0"
+    assert _raised(ValueError, generate, params, cfg, np.array([1]), 3, rng, 1.0, 0) == \
+        "top_k must be at least 1 (or None for no limit), got 0"
+    assert _raised(ValueError, generate, params, cfg, np.array([1]), -1, rng) == \
+        "max_new_tokens must be >= 0, got -1"
+    assert _raised(ValueError, generate, params, cfg, np.array([], dtype=np.int64), 3, rng) == \
+        "prompt_ids is empty: give the model at least one token to start from"
+    assert _raised(ValueError, generate, params, cfg, np.array([1, 99]), 3, rng) == \
+        "prompt_ids has token ids in [1, 99], outside [0, 11)"
+
+
+def test_sample_text_s_errors_say_what_is_wrong_exactly() -> None:
+    from xenith_edu.training.data import CharTokenizer
+
+    params, cfg = _model()
+    tok = CharTokenizer("\nabcdefghij")
+    assert _raised(TypeError, sample_text, params, cfg, tok, 7) == \
+        "prompt must be a str, got int"
+    assert _raised(ValueError, sample_text, params, cfg, tok, "") == \
+        "prompt is empty: give at least one character, e.g. a newline"
+    assert _raised(ValueError, sample_text, params, cfg, tok, "aZ").startswith("prompt: ")
+
+
+def test_the_defaults_are_temperature_1_seed_0_a_newline_and_500_characters() -> None:
+    from xenith_edu.training.data import CharTokenizer
+
+    params, cfg = _model()
+    tok = CharTokenizer("\nabcdefghij")
+    prompt = np.array([3, 1, 4])
+    np.testing.assert_array_equal(
+        generate(params, cfg, prompt, 12, np.random.default_rng(2)),
+        generate(params, cfg, prompt, 12, np.random.default_rng(2), temperature=1.0))
+    assert sample_text(params, cfg, tok, "ab", 12) == \
+        sample_text(params, cfg, tok, "ab", 12, temperature=1.0, seed=0)
+    assert sample_text(params, cfg, tok, max_new_tokens=4) == \
+        sample_text(params, cfg, tok, "\n", 4)
+    text = sample_text(params, cfg, tok)
+    assert text.startswith("\n") and len(text) == 1 + 500
+
+
+def test_sample_text_without_the_cache_recomputes(monkeypatch) -> None:
+    import xenith_edu.model.generate as gen
+    from xenith_edu.training.data import CharTokenizer
+
+    params, cfg = _model()
+    tok = CharTokenizer("\nabcdefghij")
+
+    def no_feed(*a):
+        raise AssertionError("kv_cache=False must not feed the cache")
+
+    monkeypatch.setattr(gen, "_feed", no_feed)
+    assert len(sample_text(params, cfg, tok, "ab", 5, kv_cache=False)) == 7
+
+
+def test_the_cache_and_the_tables_have_the_parameters_dtype(monkeypatch) -> None:
+    import xenith_edu.model.generate as gen
+    from xenith_edu.model.generate import empty_kv_cache
+
+    seen: list[tuple] = []
+    real_feed = gen._feed
+    monkeypatch.setattr(gen, "_feed", lambda *a: seen.append(a) or real_feed(*a))
+    for dtype in (np.float32, np.float64):
+        params, cfg = _model(dtype)
+        kv = empty_kv_cache(cfg, dtype)
+        assert kv.k.dtype == dtype and kv.v.dtype == dtype
+        assert kv.k.shape == kv.v.shape == (2, 1, 2, 12, 8)
+        w = _prepare(params, cfg)
+        assert w.cos.dtype == dtype and w.sin.dtype == dtype
+        seen.clear()
+        generate(params, cfg, np.array([1, 2]), 3, np.random.default_rng(0))
+        assert len(seen) == 3
+        for a in seen:
+            assert a[2].cos.dtype == dtype and a[3].k.dtype == dtype and a[3].v.dtype == dtype
+
+
+class _Int32DefaultNumPy:
+    """NumPy as Windows has it before NumPy 2: np.array of Python ints makes int32."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def array(obj, dtype=None, **kwargs):
+        a = np.array(obj, dtype=dtype, **kwargs)
+        return a.astype(np.int32) if dtype is None and a.dtype == np.int64 else a
+
+
+def test_the_ids_are_int64_whatever_the_platform_s_default_integer(monkeypatch) -> None:
+    import xenith_edu.model.generate as gen
+
+    params, cfg = _model()
+    monkeypatch.setattr(gen, "np", _Int32DefaultNumPy())
+    assert gen.np.array([1, 2]).dtype == np.int32  # the stand-in works
+    for kv_cache in (True, False):
+        for new in (0, 4, 20):  # nothing drawn, within the context, sliding past it
+            out = generate(params, cfg, np.array([1, 2]), new, np.random.default_rng(0),
+                           kv_cache=kv_cache)
+            assert out.dtype == np.int64 and out.shape == (2 + new,)
+
+
+def test_top_k_keeps_exactly_the_k_largest_logits() -> None:
+    from xenith_edu.model.generate import next_token_probs
+
+    rng = np.random.default_rng(3)
+    for V in (10, 1000):  # (NumPy sorts small arrays whole: a wrong partition index shows on
+        # large ones only)
+        logits = rng.permutation(np.arange(float(V)))  # distinct: the top k are unambiguous
+        for k in (1, 2, 3, 5, 9):
+            p = next_token_probs(logits, 0.7, k)
+            top = np.argsort(logits)[-k:]
+            assert set(np.flatnonzero(p)) == set(top)
+            z = logits[top] / 0.7
+            np.testing.assert_allclose(p[top], np.exp(z - z.max()) / np.exp(z - z.max()).sum(),
+                                       rtol=1e-12)
+
+
+def test_next_token_probs_does_not_overflow_on_large_logits() -> None:
+    from xenith_edu.model.generate import next_token_probs
+
+    p = next_token_probs(np.array([1000.0, 999.0, 0.0]))
+    assert np.isfinite(p).all()
+    e = np.exp([0.0, -1.0, -1000.0])
+    np.testing.assert_allclose(p, e / e.sum(), rtol=1e-12)
+    assert p.dtype == np.float64
+    assert next_token_probs(np.array([3.0, 1.0], dtype=np.float32)).dtype == np.float64

@@ -7,6 +7,7 @@ training recipe) with: XENITH_EDU_UPDATE_GOLDEN=1 python -m pytest tests/test_tr
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -434,3 +435,379 @@ def test_evaluate_sums_float32_losses_in_float64():
     assert losses.dtype == np.float32
     want = losses.astype(np.float64).sum() / y.size
     assert evaluate(params, cfg, x, y, chunk=7) == pytest.approx(want, rel=1e-12, abs=0)
+
+
+# -- the loop's steps one by one, fast (what mutation testing asked for) ----------------------
+
+def test_load_data_names_the_text_and_the_checkpoint_it_does_not_fit(tmp_path):
+    from types import SimpleNamespace
+
+    from xenith_edu.training.loop import load_data
+
+    text = tmp_path / "t.txt"
+    text.write_text("abcabcabcabcabcabcabcabcabcabc\n" * 4, encoding="utf-8")
+    tc = TINY.with_settings(text=str(text), seq_len=8)
+    tok, train_ids, val_ids = load_data(tc, None, None)
+    assert tok.vocab == "\nabc" and len(train_ids) + len(val_ids) == 124
+    with pytest.raises(ValueError) as e:
+        load_data(tc.with_settings(seq_len=64), None, None)
+    assert str(e.value).startswith(f"text file '{text}': text is too short: ")
+    ab = SimpleNamespace(tokenizer=lambda: CharTokenizer("\nab"))  # no 'c'
+    with pytest.raises(ValueError) as e:
+        load_data(tc, ab, "old.npz")
+    assert str(e.value).startswith(f"text file '{text}' does not fit checkpoint 'old.npz': ")
+    assert "'c'" in str(e.value) and e.value.__suppress_context__
+    with pytest.raises(ValueError) as e:
+        load_data(TINY, ab, "old.npz")
+    assert str(e.value).startswith("the shipped text does not fit checkpoint 'old.npz': ")
+    fits = SimpleNamespace(tokenizer=lambda: CharTokenizer("\nabcd"))
+    tok, train_ids, _ = load_data(tc, fits, "old.npz")
+    assert tok.vocab == "\nabcd"  # the checkpoint's, not the text's
+    np.testing.assert_array_equal(train_ids[:4], [1, 2, 3, 1])
+
+
+def test_checkpoints_refuses_init_and_resume_together(tmp_path):
+    from xenith_edu.training.loop import checkpoints
+
+    with pytest.raises(ValueError) as e:
+        checkpoints(tmp_path, tmp_path / "a.npz", False, tmp_path / "b.npz")
+    assert str(e.value) == "init starts a new run and resume continues one: give only one"
+    assert checkpoints(tmp_path / "new", None, False, None) == (tmp_path / "new", None, None)
+
+
+def test_initial_state_of_a_new_run_and_of_a_resumed_one():
+    from types import SimpleNamespace
+
+    from xenith_edu.training.loop import initial_state
+
+    tc = TINY.with_settings(seed=5)
+    cfg = Config(vocab_size=7, n_embd=16, n_head=2, n_layer=1, seq_len=8)
+    params, m, v, step, rng = initial_state(tc, cfg, None)
+    want = init_params(cfg, 5, np.float32)
+    assert list(params) == list(want) and step == 0
+    for k in want:
+        np.testing.assert_array_equal(params[k], want[k])
+        assert params[k].dtype == np.float32
+        for moment in (m, v):
+            assert moment[k].dtype == np.float32 and not moment[k].any()
+            assert moment[k].shape == want[k].shape
+    assert m["wq"] is not v["wq"]
+    # the batches' stream is seed + 1, apart from the initialisation's
+    assert rng.integers(1 << 30, size=4).tolist() == \
+        np.random.default_rng(6).integers(1 << 30, size=4).tolist()
+    ck = SimpleNamespace(params={"a": 1}, m={"a": 2}, v={"a": 3}, step=9,
+                         rng=lambda: "the checkpoint's generator")
+    assert initial_state(tc, cfg, ck) == ({"a": 1}, {"a": 2}, {"a": 3}, 9,
+                                          "the checkpoint's generator")
+
+
+def test_evaluate_at_gives_the_training_loss_at_the_last_step_only():
+    from xenith_edu.training.loop import evaluate_at
+
+    calls = []
+
+    def fake(params, cfg, x, y):
+        calls.append((params, cfg, x, y))
+        return {"vx": 2.5, "tx": 1.5}[x]
+
+    tc = TINY.with_settings(steps=6)
+    windows = ("vx", "vy", "tx", "ty")
+    assert evaluate_at(3, tc, "p", "c", windows, fake) == (2.5, None)
+    assert calls == [("p", "c", "vx", "vy")]
+    assert evaluate_at(6, tc, "p", "c", windows, fake) == (2.5, 1.5)
+    assert calls[1:] == [("p", "c", "vx", "vy"), ("p", "c", "tx", "ty")]
+    for bad in (math.nan, math.inf):
+        with pytest.raises(TrainingDiverged) as e:
+            evaluate_at(4, tc, "p", "c", windows, lambda *a, b=bad: b)
+        assert str(e.value) == f"the validation loss became {bad} at step 4" and e.value.step == 4
+
+
+def test_train_wants_a_train_config(tmp_path):
+    with pytest.raises(TypeError) as e:
+        train(TINY.to_dict(), tmp_path)
+    assert str(e.value) == "tc must be a TrainConfig, got dict"
+    assert not any(tmp_path.iterdir())  # nothing written, no lock left
+
+
+def _micro(tmp_path, **kw):
+    """A run of a few steps of a one-layer model on a short text: well under a second."""
+    text = tmp_path / "micro.txt"
+    if not text.exists():
+        text.write_text("the cat sat on the mat; the dog ate the log.\n" * 6, encoding="utf-8")
+    return TrainConfig().with_settings(**{
+        "text": str(text), "n_embd": 16, "n_head": 2, "n_layer": 1, "seq_len": 8,
+        "batch_size": 2, "steps": 5, "eval_every": 2, "eval_batches": 1, "threads": 1,
+        "warmup_steps": 2, "decay_steps": 4, **kw})
+
+
+def test_a_micro_run_is_the_loop_replayed_by_hand(tmp_path, monkeypatch):
+    """The loop's order, step by step: learning rate, evaluation at 0, 2, 4 and the last step,
+    a checkpoint after each evaluation but the first, then batch and update."""
+    from xenith_edu.training import runlog
+    from xenith_edu.training.data import get_batch
+    from xenith_edu.training.loop import data_and_model, initial_state
+    from xenith_edu.training.optim import lr_at
+    from xenith_edu.training.runlog import eval_windows
+    from xenith_edu.training.step import train_step
+    from xenith_edu.training.threads import ThreadShards
+
+    tc = _micro(tmp_path)
+    saved = []
+    real_checkpoint = runlog.RunLog.checkpoint
+
+    def checkpoint(self, step, params, m, v, rng):
+        saved.append((step, params["wq"].copy(), m["wq"].copy(), rng.bit_generator.state))
+        return real_checkpoint(self, step, params, m, v, rng)
+
+    monkeypatch.setattr(runlog.RunLog, "checkpoint", checkpoint)
+    (tmp_path / "run").mkdir()
+    stale = tmp_path / "run" / ".ckpt.npz.1234.tmp"  # what a killed run leaves behind
+    stale.write_bytes(b"half a checkpoint")
+    t0 = time.perf_counter()
+    r = _run(tc, tmp_path / "run")
+    elapsed = time.perf_counter() - t0
+    assert not stale.exists() and not (tmp_path / "run" / ".lock").exists()
+    tok, train_ids, val_ids, cfg = data_and_model(tc, None, None, None, None)
+    params, m, v, _, rng = initial_state(tc, cfg, None)
+    windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)
+    workers = ThreadShards(1)
+    want_train, want_saved = [], []
+    for step in range(tc.steps):
+        if step in (2, 4):
+            want_saved.append((step, params["wq"].copy(), m["wq"].copy(),
+                               rng.bit_generator.state))
+        lr = lr_at(step, tc.lr, tc.min_lr, tc.warmup_steps, tc.decay_steps)
+        x, y = get_batch(train_ids, tc.batch_size, tc.seq_len, rng)
+        loss, norm = train_step(params, m, v, step, lr, cfg, tc, x, y, workers.loss_and_grads)
+        want_train.append((step, round(loss, 6), float(f"{lr:.6g}"), round(norm, 4)))
+    want_saved.append((5, params["wq"].copy(), m["wq"].copy(), rng.bit_generator.state))
+    records = read_log(tmp_path / "run" / "log.jsonl")
+    assert [(x["step"], x["loss"], x["lr"], x["grad_norm"]) for x in records
+            if x["event"] == "train"] == want_train
+    assert len({lr for _, _, lr, _ in want_train}) == 4  # warmup, then decay to min_lr
+    evals = [x for x in records if x["event"] == "eval"]
+    assert [x["step"] for x in evals] == [0, 2, 4, 5]
+    assert ["train_loss" in x for x in evals] == [False, False, False, True]
+    assert [s for s, *_ in saved] == [2, 4, 5]
+    for (s, wq, mq, state), (s2, wq2, mq2, state2) in zip(saved, want_saved, strict=True):
+        np.testing.assert_array_equal(wq, wq2, err_msg=f"step {s}")
+        np.testing.assert_array_equal(mq, mq2, err_msg=f"step {s}")
+        assert state == state2 and s == s2
+    for k in params:
+        np.testing.assert_array_equal(r.params[k], params[k], err_msg=k)
+    val_x, val_y, train_x, train_y = windows
+    assert r.val_loss == evaluate(params, cfg, val_x, val_y) == evals[-1]["val_loss"]
+    assert r.train_loss == evaluate(params, cfg, train_x, train_y) == evals[-1]["train_loss"]
+    assert (r.step, r.config, r.train_config, r.out_dir) == (5, cfg, tc, tmp_path / "run")
+    assert r.tokenizer.vocab == tok.vocab
+    assert 0 < r.ms_per_step / 1000 < r.seconds <= elapsed  # the call's own wall time
+    assert math.isnan(r.comm_ms_per_step)
+    # resuming at step 4: no checkpoint again at 4, evaluations at 4 and 5
+    saved.clear()
+    _run(_micro(tmp_path, steps=4), tmp_path / "two")
+    saved.clear()
+    two = _run(tc, tmp_path / "two", resume=tmp_path / "two")
+    assert [s for s, *_ in saved] == [5]
+    evals = [x for x in read_log(tmp_path / "two" / "log.jsonl") if x["event"] == "eval"]
+    assert [x["step"] for x in evals] == [0, 2, 4, 5]  # the records before step 4 kept
+    for k in params:
+        np.testing.assert_array_equal(two.params[k], params[k], err_msg=k)
+    assert two.val_loss == r.val_loss and two.train_loss == r.train_loss
+
+
+def test_a_micro_fine_tuning_run_starts_from_the_weights_with_fresh_moments(tmp_path):
+    from xenith_edu.training.data import get_batch, split_ids
+    from xenith_edu.training.optim import lr_at
+    from xenith_edu.training.step import train_step
+    from xenith_edu.training.threads import ThreadShards
+
+    _run(_micro(tmp_path, steps=3), tmp_path / "base")
+    base = load_checkpoint(tmp_path / "base")
+    tc = _micro(tmp_path, steps=2, seed=11)
+    ft = _run(tc, tmp_path / "ft", init=tmp_path / "base" / "ckpt.npz")
+    params = {k: p.copy() for k, p in base.params.items()}
+    m = {k: np.zeros_like(p) for k, p in params.items()}
+    v = {k: np.zeros_like(p) for k, p in params.items()}
+    rng = np.random.default_rng(12)
+    text = (tmp_path / "micro.txt").read_text(encoding="utf-8")
+    train_ids, _ = split_ids(ft.tokenizer.encode(text))
+    for step in range(2):
+        lr = lr_at(step, tc.lr, tc.min_lr, tc.warmup_steps, tc.decay_steps)
+        x, y = get_batch(train_ids, tc.batch_size, tc.seq_len, rng)
+        train_step(params, m, v, step, lr, ft.config, tc, x, y, ThreadShards(1).loss_and_grads)
+    assert ft.step == 2 and load_checkpoint(tmp_path / "ft").step == 2
+    for k in params:
+        np.testing.assert_array_equal(ft.params[k], params[k], err_msg=k)
+    other = tmp_path / "other.txt"
+    other.write_text("the cat sat on the mat; the dog ate the log!\n" * 6, encoding="utf-8")
+    with pytest.raises(ValueError) as e:  # '!' is not in the checkpoint's vocabulary
+        _run(tc.with_settings(text=str(other)), tmp_path / "ft2", init=tmp_path / "base")
+    assert str(e.value).startswith(f"text file '{other}' does not fit checkpoint "
+                                   f"'{tmp_path / 'base'}': ")
+    with pytest.raises(ValueError, match=r"base' is another model \(n_embd: 16 in the "
+                                         r"checkpoint, 32 asked;"):
+        _run(tc.with_settings(n_embd=32), tmp_path / "ft3", init=tmp_path / "base")
+
+
+def test_a_micro_run_stops_with_the_checkpoint_it_leaves(tmp_path, monkeypatch):
+    from xenith_edu.training import loop
+
+    real = threads_mod.loss_and_grads
+    calls = {"n": 0}
+
+    def flaky(params, cfg, x, y, **kw):
+        loss, grads = real(params, cfg, x, y, **kw)
+        calls["n"] += 1
+        return (math.nan if calls["n"] == 4 else loss), grads  # the 4th update is step 3
+
+    monkeypatch.setattr(threads_mod, "loss_and_grads", flaky)
+    with pytest.raises(TrainingDiverged) as e:
+        _run(_micro(tmp_path), tmp_path / "nan")
+    assert str(e.value) == ("the loss became nan at step 3: training stopped; the last good "
+                            f"checkpoint is {tmp_path / 'nan' / 'ckpt.npz'} (step 2)")
+    assert e.value.step == 3 and e.value.__suppress_context__
+    assert not (tmp_path / "nan" / ".lock").exists()
+    monkeypatch.setattr(threads_mod, "loss_and_grads", real)
+    real_batch = loop.get_batch
+
+    def interrupted(ids, batch, seq_len, rng):
+        if calls["n"] == 7:
+            raise KeyboardInterrupt
+        calls["n"] += 1
+        return real_batch(ids, batch, seq_len, rng)
+
+    calls["n"] = 0
+    monkeypatch.setattr(loop, "get_batch", interrupted)
+    with pytest.raises(KeyboardInterrupt) as e:
+        _run(_micro(tmp_path, steps=9, eval_every=3), tmp_path / "stop")
+    assert str(e.value) == ("the last good checkpoint is "
+                            f"{tmp_path / 'stop' / 'ckpt.npz'} (step 6)")
+    assert load_checkpoint(tmp_path / "stop").step == 6
+    assert (tmp_path / "stop" / "loss.png").is_file()  # the curve so far
+    assert not (tmp_path / "stop" / ".lock").exists()
+
+
+def test_a_folder_another_trainer_holds_is_refused(tmp_path):
+    from xenith_edu.training.rundir import FolderLock
+
+    lock = FolderLock(tmp_path / "busy")
+    lock.acquire()
+    try:
+        with pytest.raises(ValueError, match="is in use by another trainer"):
+            _run(_micro(tmp_path), tmp_path / "busy")
+        assert not (tmp_path / "busy" / "log.jsonl").exists()
+    finally:
+        lock.release()
+    _run(_micro(tmp_path, steps=1), tmp_path / "busy")  # released: the folder is free again
+
+
+class _OneRank:
+    """A stand-in for DataParallel with the calls the loop makes: one rank, root or not."""
+
+    def __init__(self, is_root):
+        from xenith_edu.training.threads import ThreadShards
+
+        self.is_root, self.readied, self.evaluated = is_root, [], 0
+        self.loss_and_grads = ThreadShards(1).loss_and_grads
+
+    def ready(self, tc):
+        self.readied.append(tc)
+
+    def evaluate(self, params, cfg, x, y):
+        self.evaluated += 1
+        return evaluate(params, cfg, x, y)
+
+    def take_comm_seconds(self):
+        return 0.0025
+
+
+def test_ranks_share_the_loop_and_rank_0_alone_writes(tmp_path):
+    tc = _micro(tmp_path)
+    alone = _run(tc, tmp_path / "alone")
+    root = _OneRank(True)
+    r = _run(tc, tmp_path / "root", ranks=root)
+    assert root.readied == [tc] and root.evaluated == 5  # steps 0, 2, 4, and 5 twice
+    assert r.comm_ms_per_step == 2.5
+    records = read_log(tmp_path / "root" / "log.jsonl")
+    assert [x["comm_ms"] for x in records if x["event"] == "train"] == [2.5] * 5
+    assert r.val_loss == alone.val_loss
+    for k in r.params:
+        np.testing.assert_array_equal(r.params[k], alone.params[k])
+    from xenith_edu.training.rundir import FolderLock
+
+    other = _OneRank(False)
+    lock = FolderLock(tmp_path / "other")  # rank 0's, while the other ranks run
+    lock.acquire()
+    try:
+        r = _run(tc, tmp_path / "other", ranks=other)
+    finally:
+        lock.release()
+    assert other.readied == [tc] and not (tmp_path / "other").exists()
+    assert r.val_loss == alone.val_loss
+
+
+def test_a_verbose_run_says_what_it_did(tmp_path, capsys):
+    train(_micro(tmp_path, steps=2), tmp_path / "v", progress=False)  # verbose by default
+    captured = capsys.readouterr()
+    assert "step     0: val loss" in captured.out and "step     2: val loss" in captured.out
+    assert f"wrote {tmp_path / 'v' / 'ckpt.npz'}" in captured.out
+    assert "step/s" not in captured.err  # no progress bar
+    train(_micro(tmp_path, steps=2), tmp_path / "p", progress=True, verbose=False)
+    captured = capsys.readouterr()
+    assert "0/2" in captured.err and "step/s" in captured.err and captured.out == ""
+
+
+def test_a_micro_resume_names_its_checkpoint(tmp_path, capsys, monkeypatch):
+    from xenith_edu.training import loop
+
+    _run(_micro(tmp_path, steps=2), tmp_path / "r")
+    ckpt = tmp_path / "r" / "ckpt.npz"
+    with pytest.raises(ValueError) as e:
+        _run(_micro(tmp_path, n_embd=32), tmp_path / "r", resume=ckpt)
+    assert str(e.value).startswith(f"checkpoint '{ckpt}' is from another model config (")
+    other = tmp_path / "other.txt"
+    other.write_text("the cat sat on the mat; the dog ate the log!\n" * 6, encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        _run(_micro(tmp_path, text=str(other)), tmp_path / "r", resume=ckpt)
+    assert str(e.value).startswith(f"text file '{other}' does not fit checkpoint '{ckpt}': ")
+
+    def interrupted(*a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "get_batch", interrupted)  # before the resumed run saves
+    with pytest.raises(KeyboardInterrupt) as e:
+        train(_micro(tmp_path), tmp_path / "r", resume=ckpt, progress=False, verbose=True)
+    assert str(e.value) == f"the last good checkpoint is {ckpt} (step 2)"
+    assert "wrote" not in capsys.readouterr().out  # an interrupted run does not say it wrote
+    starts = [x for x in read_log(tmp_path / "r" / "log.jsonl") if x["event"] == "start"]
+    assert [x["resumed_from"] for x in starts] == [None, str(ckpt)]
+
+
+def test_a_micro_fine_tuning_of_a_bpe_model_keeps_its_tokenizer_and_model(tmp_path):
+    """The checkpoint's tokenizer.json, vocabulary size (spare rows), key/value heads and
+    padding token carry over to the fine-tuned run, whose checkpoint keeps the tokenizer."""
+    tk = pytest.importorskip("tokenizers")
+    from xenith_edu.training.checkpoint import save_checkpoint
+    from xenith_edu.training.optim import zeros_like_params
+
+    text = "the cat sat on the mat; the dog ate the log.\n" * 6
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    alphabet = tk.pre_tokenizers.ByteLevel.alphabet()
+    tok.train_from_iterator([text], tk.trainers.BpeTrainer(
+        vocab_size=len(alphabet) + 20, initial_alphabet=alphabet,
+        special_tokens=["<s>", "</s>", "<pad>"]))
+    spec = tok.to_str()
+    V = tok.get_vocab_size() + 3  # spare rows, as converted models have
+    base_tc = _micro(tmp_path, n_kv_head=1)
+    cfg = Config(**{**base_tc.model.to_dict(), "vocab_size": V, "pad_token_id": 2})
+    params = init_params(cfg, 0, np.float32)
+    zeros = zeros_like_params(params)
+    save_checkpoint(tmp_path / "bpe.npz", params, zeros, zeros_like_params(params), 0,
+                    np.random.default_rng(0), cfg, "", base_tc.to_dict(), spec)
+    ft = _run(_micro(tmp_path, steps=2), tmp_path / "ft", init=tmp_path / "bpe.npz")
+    assert ft.config.vocab_size == V and ft.config.n_kv_head == 1
+    assert ft.config.pad_token_id == 2 and ft.tokenizer.spec == spec
+    tuned = load_checkpoint(tmp_path / "ft")
+    assert tuned.tokenizer_spec == spec and tuned.vocab == "" and tuned.step == 2
