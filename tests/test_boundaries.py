@@ -530,3 +530,47 @@ def test_mixed_dtypes_say_which_dtypes_are_allowed():
     with pytest.raises(TypeError, match=r"^params\['wq'\] has dtype float32; all must share "
                                         r"one dtype, float32 or float64$"):
         xe.forward(bad, CFG, x)
+
+
+# ---------------------------------------------------------------- Config's own messages
+
+
+def _config(**changes) -> xe.Config:
+    return xe.Config(**{"vocab_size": 9, "n_embd": 8, "n_head": 2, "n_layer": 1, **changes})
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    ({"n_embd": "8"}, TypeError, "Config.n_embd must be an int, got str"),
+    ({"n_embd": 8.0}, TypeError, "Config.n_embd must be an int, got float"),
+    ({"n_head": 4, "n_kv_head": 3}, ValueError,
+     "Config.n_kv_head (3) must divide Config.n_head (4): each key/value head serves the same "
+     "number of query heads"),
+    ({"n_embd": 6}, ValueError,
+     "Config.n_head: head width n_embd // n_head = 3 must be even for RoPE's pairs"),
+    ({"tie_embeddings": "yes"}, TypeError, "Config.tie_embeddings must be a bool"),
+    ({"pad_token_id": 9}, ValueError,
+     "Config.pad_token_id must be None or a token id in [0, 9), got 9"),
+    ({"pad_token_id": -1}, ValueError,
+     "Config.pad_token_id must be None or a token id in [0, 9), got -1"),
+    ({"pad_token_id": True}, ValueError,
+     "Config.pad_token_id must be None or a token id in [0, 9), got True"),
+    ({"pad_token_id": "1"}, ValueError,
+     "Config.pad_token_id must be None or a token id in [0, 9), got '1'"),
+])
+def test_config_refuses_with_its_exact_message(changes, error, message):
+    with pytest.raises(error) as caught:
+        _config(**changes)
+    assert str(caught.value) == message
+
+
+def test_config_accepts_the_edges_of_its_ranges():
+    assert _config(rope_theta=0.5).rope_theta == 0.5  # any positive base
+    assert _config(pad_token_id=8).pad_token_id == 8  # the last token id
+    assert _config(pad_token_id=np.int64(0)).pad_token_id == 0
+
+
+def test_config_derives_its_defaults_after_checking_what_they_come_from():
+    cfg = _config(n_embd=256)
+    assert cfg.ffn_hidden == 704 and cfg.n_kv_head == 2  # LLaMA's rule; one kv head per head
+    with pytest.raises(TypeError, match=r"^Config\.n_head must be an int, got NoneType$"):
+        _config(n_head=None)

@@ -35,17 +35,19 @@ class Config:
     # embedding's gradient, as transformers' padding_idx (see the chapter "A real LLaMA")
 
     def __post_init__(self) -> None:
-        if self.ffn_hidden is None:
-            object.__setattr__(self, "ffn_hidden", default_ffn_hidden(self.n_embd))
-        if self.n_kv_head is None:
-            object.__setattr__(self, "n_kv_head", self.n_head)
         for name in ("vocab_size", "n_embd", "n_head", "n_layer", "ffn_hidden", "seq_len",
                      "n_kv_head", "flash_block"):
             value = getattr(self, name)
+            if value is None and name in ("ffn_hidden", "n_kv_head"):
+                continue  # derived below, from n_embd and n_head once they are checked
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"Config.{name} must be an int, got {type(value).__name__}")
             if value <= 0:
                 raise ValueError(f"Config.{name} must be positive, got {value}")
+        if self.ffn_hidden is None:
+            object.__setattr__(self, "ffn_hidden", default_ffn_hidden(self.n_embd))
+        if self.n_kv_head is None:
+            object.__setattr__(self, "n_kv_head", self.n_head)
         if self.n_embd % self.n_head:
             raise ValueError(
                 f"Config.n_embd ({self.n_embd}) must be divisible by Config.n_head ({self.n_head})"
