@@ -98,12 +98,12 @@ def _attention_mistakes(args: tuple, exp: dict) -> list[Mistake]:
     ]
 
 
-def _attention_terms(args: tuple) -> dict[str, list[Term]]:
-    """dq, dk from the softmax's two terms, P * dP and -P * rowsum(P * dP), and dv = P^T @ dout."""
-    dout, q, k, v = args
-    P = causal_probs(q, k)  # (B, H, S, S)
+def softmax_terms(P: np.ndarray, dP: np.ndarray, q: np.ndarray, k: np.ndarray,
+                  dout: np.ndarray) -> dict[str, list[Term]]:
+    """dq, dk from the softmax's two terms, P * dP and -P * rowsum(P * dP), and dv = P^T @ dout,
+    given the weights P and their gradient dP, (B, H, S, S) each: the fit's terms of attention's
+    backward, which the PyTorch chapter's biased attention shares."""
     sc = 1.0 / math.sqrt(q.shape[-1])
-    dP = dout @ np.swapaxes(v, -1, -2)  # (B, H, S, S)
     rows = P * np.sum(P * dP, axis=-1, keepdims=True)  # (B, H, S, S)
     cols = P * np.sum(P * dP, axis=-2, keepdims=True)  # the sum over the queries instead
     A, T = P * dP, np.swapaxes  # (B, H, S, S)
@@ -119,6 +119,14 @@ def _attention_terms(args: tuple) -> dict[str, list[Term]]:
                     slips=((flip, -rows @ q * sc), (axis, -T(cols, -1, -2) @ q * sc)))],
         "dv": [Term("P^T @ dout", T(P, -1, -2) @ dout, slips=(("P is not transposed", P @ dout),))],
     }
+
+
+def _attention_terms(args: tuple) -> dict[str, list[Term]]:
+    """dq, dk from the softmax's two terms, P * dP and -P * rowsum(P * dP), and dv = P^T @ dout."""
+    dout, q, k, v = args
+    P = causal_probs(q, k)  # (B, H, S, S)
+    dP = dout @ np.swapaxes(v, -1, -2)  # (B, H, S, S)
+    return softmax_terms(P, dP, q, k, dout)
 
 
 def _attention_probes(rng: np.random.Generator) -> list[Case]:

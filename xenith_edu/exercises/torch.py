@@ -13,6 +13,7 @@ import numpy as np
 
 from ..attention import AttentionCache, causal_attention_backward, causal_mask
 from ..model.hf.layout import pair_rows
+from .attention import softmax_terms
 from .engine import check
 from .fit import Term
 from .kit import OVERFLOW, amax, fmt, int_sampler, randn
@@ -349,31 +350,22 @@ def _bias_diagnose(args: tuple, exp: dict, got: dict, wrong: set, tol: float) ->
 
 
 def _bias_terms(args: tuple) -> dict[str, list[Term]]:
-    """dq, dk, dbias from the softmax's two terms, P * dP and -P * rowsum(P * dP); dv = P^T dout."""
+    """dq, dk, dv as attention's (the softmax's two terms), and dbias: both terms summed over
+    the batch."""
     dout, q, k, v, bias = args
     f = biased64(*args)
     P, dP, T = f["P"], f["dP"], np.swapaxes
-    sc = 1.0 / math.sqrt(q.shape[-1])
     A = P * dP  # (B, H, S, S)
     rows = P * np.sum(A, axis=-1, keepdims=True)  # (B, H, S, S)
     cols = P * np.sum(A, axis=-2, keepdims=True)  # the sum over the queries instead
     axis = "its row sum runs over the queries (axis=-2), not over each row's keys (axis=-1)"
     flip, one = "the score gradient is transposed", "only the first sequence's, not the batch sum"
-    return {
-        "dq": [Term("(P * dP) @ k / sqrt(hd)", A @ k * sc, slips=((flip, T(A, -1, -2) @ k * sc),)),
-               Term("-(P * rowsum(P * dP)) @ k / sqrt(hd)", -rows @ k * sc,
-                    slips=((flip, -T(rows, -1, -2) @ k * sc), (axis, -cols @ k * sc)))],
-        "dk": [Term("(P * dP)^T @ q / sqrt(hd)", T(A, -1, -2) @ q * sc,
-                    slips=((flip, A @ q * sc),)),
-               Term("-(P * rowsum(P * dP))^T @ q / sqrt(hd)", -T(rows, -1, -2) @ q * sc,
-                    slips=((flip, -rows @ q * sc), (axis, -T(cols, -1, -2) @ q * sc)))],
-        "dv": [Term("P^T @ dout", T(P, -1, -2) @ dout, slips=(("P is not transposed", P @ dout),))],
-        "dbias": [Term("sum over the batch of P * dP", A.sum(axis=0),
-                       slips=((one, A[0]), (flip, T(A, -1, -2).sum(axis=0)))),
-                  Term("-sum over the batch of P * rowsum(P * dP)", -rows.sum(axis=0),
-                       slips=((one, -rows[0]), (flip, -T(rows, -1, -2).sum(axis=0)),
-                              (axis, -cols.sum(axis=0))))],
-    }
+    return {**softmax_terms(P, dP, q, k, dout),
+            "dbias": [Term("sum over the batch of P * dP", A.sum(axis=0),
+                           slips=((one, A[0]), (flip, T(A, -1, -2).sum(axis=0)))),
+                      Term("-sum over the batch of P * rowsum(P * dP)", -rows.sum(axis=0),
+                           slips=((one, -rows[0]), (flip, -T(rows, -1, -2).sum(axis=0)),
+                                  (axis, -cols.sum(axis=0))))]}
 
 
 def _bias_floor(args: tuple) -> dict[str, float]:
