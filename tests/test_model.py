@@ -241,17 +241,22 @@ def test_recompute_gives_exactly_the_same_gradients(rng, kind):
     assert cache.layers == [] and len(cache.layer_inputs) == cfg.n_layer
 
 
-def _caches(obj, path="cache"):
-    """Every container inside a model cache, with its path."""
-    if isinstance(obj, np.ndarray) or isinstance(obj, (str, int)):
+def _walk(obj, path="cache"):
+    """Every container and array inside a model cache, with its path."""
+    if isinstance(obj, (str, int)):
         return
     yield path, obj
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         for name, value in zip(obj._fields, obj, strict=True):
-            yield from _caches(value, f"{path}.{name}")
+            yield from _walk(value, f"{path}.{name}")
     elif isinstance(obj, list):
         for i, value in enumerate(obj):
-            yield from _caches(value, f"{path}[{i}]")
+            yield from _walk(value, f"{path}[{i}]")
+
+
+def _caches(obj, path="cache"):
+    """Every container inside a model cache, with its path."""
+    return ((p, c) for p, c in _walk(obj, path) if not isinstance(c, np.ndarray))
 
 
 def test_caches_are_named_tuples(rng):
@@ -335,14 +340,7 @@ def test_backward_leaves_the_cache_whole_unless_released(rng):
 
 def _arrays(obj, path="cache"):
     """Every array inside a model cache, with its path."""
-    if isinstance(obj, np.ndarray):
-        yield path, obj
-    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        for name, value in zip(obj._fields, obj, strict=True):
-            yield from _arrays(value, f"{path}.{name}")
-    elif isinstance(obj, list):
-        for i, value in enumerate(obj):
-            yield from _arrays(value, f"{path}[{i}]")
+    return ((p, a) for p, a in _walk(obj, path) if isinstance(a, np.ndarray))
 
 
 @pytest.mark.parametrize("tie", [True, False])

@@ -186,16 +186,22 @@ def test_threads_share_the_batch_and_train_the_same_model(tmp_path):
         np.testing.assert_array_equal(again.params[k], three.params[k])
 
 
-def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+def _nan_at_update(monkeypatch, n: int):
+    """Make the trainer's n-th gradient call report a nan loss; returns the real function."""
     real = threads_mod.loss_and_grads  # what the trainer's gradient function calls
     calls = {"n": 0}
 
     def flaky(params, cfg, x, y, **kw):
         loss, grads = real(params, cfg, x, y, **kw)
         calls["n"] += 1
-        return (math.nan if calls["n"] == 5 else loss), grads  # the 5th update is step 4
+        return (math.nan if calls["n"] == n else loss), grads
 
     monkeypatch.setattr(threads_mod, "loss_and_grads", flaky)
+    return real
+
+
+def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    _nan_at_update(monkeypatch, 5)  # the 5th update is step 4
     with pytest.raises(TrainingDiverged, match="loss became nan at step 4.*checkpoint.*step 3") \
             as e:
         _run(TINY, tmp_path)  # one thread (the small preset's): one call per update
@@ -652,15 +658,8 @@ def test_a_micro_fine_tuning_run_starts_from_the_weights_with_fresh_moments(tmp_
 def test_a_micro_run_stops_with_the_checkpoint_it_leaves(tmp_path, monkeypatch):
     from xenith_edu.training import loop
 
-    real = threads_mod.loss_and_grads
+    real = _nan_at_update(monkeypatch, 4)  # the 4th update is step 3
     calls = {"n": 0}
-
-    def flaky(params, cfg, x, y, **kw):
-        loss, grads = real(params, cfg, x, y, **kw)
-        calls["n"] += 1
-        return (math.nan if calls["n"] == 4 else loss), grads  # the 4th update is step 3
-
-    monkeypatch.setattr(threads_mod, "loss_and_grads", flaky)
     with pytest.raises(TrainingDiverged) as e:
         _run(_micro(tmp_path), tmp_path / "nan")
     assert str(e.value) == ("the loss became nan at step 3: training stopped; the last good "
