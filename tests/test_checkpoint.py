@@ -3,7 +3,10 @@
 import json
 import os
 import re
-import tempfile
+import signal
+import subprocess
+import sys
+import threading
 import zipfile
 
 import numpy as np
@@ -253,25 +256,24 @@ def test_config_mismatch_lists_every_difference():
 def test_temporary_file_is_in_the_checkpoint_directory(tmp_path, monkeypatch):
     """os.replace is atomic only within one file system: the temporary must be a sibling."""
     made, renamed = [], []
-    real_mkstemp, real_replace = tempfile.mkstemp, os.replace
+    real_open, real_replace = os.open, os.replace
 
-    def mkstemp(*args, **kwargs):
-        fd, name = real_mkstemp(*args, **kwargs)
+    def open_(name, flags, mode=0o777):
         made.append(name)
-        return fd, name
+        return real_open(name, flags, mode)
 
     def replace(src, dst):
         renamed.append((src, dst))
         real_replace(src, dst)
 
-    monkeypatch.setattr(util.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(util.os, "open", open_)
     monkeypatch.setattr(util.os, "replace", replace)
     path = tmp_path / "run" / "ckpt.npz"  # the directory does not exist yet
     _save(path)
     assert len(made) == 1 and renamed == [(made[0], path)]
-    tmp = made[0]
+    tmp = str(made[0])
     assert os.path.dirname(tmp) == str(path.parent)
-    assert os.path.basename(tmp).startswith(".ckpt.npz.") and tmp.endswith(".tmp")
+    assert re.fullmatch(r"\.ckpt\.npz\.[0-9a-f]{12}\.tmp", os.path.basename(tmp))
     assert sorted(p.name for p in path.parent.iterdir()) == ["ckpt.npz"]
     assert load_checkpoint(path).step == 42
 
@@ -684,3 +686,176 @@ def test_an_unreadable_file_names_the_reason_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(zipfile, "ZipFile", unreadable)
     assert "(Permission denied)" in _damaged(path)
+
+
+def _interrupt_after(monkeypatch, name):
+    """os.<name> does its work, then a Ctrl-C lands before its result is kept (a signal that
+    arrived during the system call is delivered just after it returns)."""
+    real = getattr(util.os, name)
+
+    def call(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(util.os, name, call)
+
+
+@pytest.mark.parametrize("name", ["open", "fsync"])
+def test_an_interrupt_just_after_a_system_call_leaves_no_temporary(tmp_path, monkeypatch, name):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"old")
+    _interrupt_after(monkeypatch, name)
+    with pytest.raises(KeyboardInterrupt):
+        util.atomic_write(path, lambda f: f.write(b"new"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
+    assert path.read_bytes() == b"old"
+
+
+def test_an_interrupt_just_after_the_rename_keeps_the_new_file(tmp_path, monkeypatch):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"old")
+    _interrupt_after(monkeypatch, "replace")
+    with pytest.raises(KeyboardInterrupt):
+        util.atomic_write(path, lambda f: f.write(b"new"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
+    assert path.read_bytes() == b"new"
+
+
+def test_a_temporary_name_another_writer_holds_is_left_alone(tmp_path, monkeypatch):
+    names = iter(["aaaaaaaaaaaa", "bbbbbbbbbbbb"])
+    monkeypatch.setattr(util.secrets, "token_hex", lambda n: next(names))
+    theirs = tmp_path / ".f.bin.aaaaaaaaaaaa.tmp"
+    theirs.write_bytes(b"another writer's")
+    util.atomic_write(tmp_path / "f.bin", lambda f: f.write(b"mine"))
+    assert (tmp_path / "f.bin").read_bytes() == b"mine"
+    assert theirs.read_bytes() == b"another writer's"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".f.bin.aaaaaaaaaaaa.tmp", "f.bin"]
+
+
+def test_a_write_that_fails_while_another_writer_holds_a_name_leaves_theirs(tmp_path,
+                                                                             monkeypatch):
+    names = iter(["aaaaaaaaaaaa", "bbbbbbbbbbbb"])
+    monkeypatch.setattr(util.secrets, "token_hex", lambda n: next(names))
+    theirs = tmp_path / ".f.bin.aaaaaaaaaaaa.tmp"
+    theirs.write_bytes(b"another writer's")
+
+    def broken(f):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        util.atomic_write(tmp_path / "f.bin", broken)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".f.bin.aaaaaaaaaaaa.tmp"]
+
+
+# ---- Ctrl-C and SIGTERM wait until the file is written ----
+
+class _Stop(Exception):
+    pass
+
+
+def _stop(signum, frame):
+    raise _Stop(signum)
+
+
+@pytest.fixture
+def term_raises():
+    """SIGTERM raises _Stop, as the command line's handler raises its own interrupt."""
+    previous = signal.signal(signal.SIGTERM, _stop)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _signalled_mid_write(signum, chunks=3):
+    """A write that gets `signum` after its first chunk, as a kill or a Ctrl-C would land."""
+    def write(f):
+        for i in range(chunks):
+            f.write(b"chunk %d;" % i)
+            if i == 0:
+                signal.raise_signal(signum)
+    return write
+
+
+def test_ctrl_c_mid_write_comes_after_the_file_is_whole(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"old")
+    with pytest.raises(KeyboardInterrupt):
+        util.atomic_write(path, _signalled_mid_write(signal.SIGINT))
+    assert path.read_bytes() == b"chunk 0;chunk 1;chunk 2;"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_sigterm_mid_checkpoint_comes_after_a_checkpoint_that_loads(tmp_path, term_raises,
+                                                                    monkeypatch):
+    real_savez = np.savez
+    monkeypatch.setattr(np, "savez", lambda f, **arrays: (signal.raise_signal(signal.SIGTERM),
+                                                           real_savez(f, **arrays)))
+    path = tmp_path / "ckpt.npz"
+    with pytest.raises(_Stop) as e:
+        _save(path)
+    assert e.value.args == (signal.SIGTERM,)
+    assert load_checkpoint(path).step == 42
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.npz"]
+    assert signal.getsignal(signal.SIGTERM) is _stop
+
+
+def test_the_first_held_signal_is_delivered_once(term_raises):
+    with pytest.raises(_Stop) as e:
+        with util.interrupts_held():
+            with util.interrupts_held():  # a nested hold delivers nothing itself
+                signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGINT)
+            reached = True
+    assert reached and e.value.args == (signal.SIGTERM,)
+    with util.interrupts_held():
+        pass  # nothing held: nothing delivered, the handlers are back
+    assert signal.getsignal(signal.SIGTERM) is _stop
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_ignored_signal_stays_ignored():
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with util.interrupts_held():
+            signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_error_in_the_block_still_delivers_the_held_signal(term_raises):
+    with pytest.raises(_Stop) as e:
+        with util.interrupts_held():
+            signal.raise_signal(signal.SIGTERM)
+            raise OSError("disk full")
+    assert isinstance(e.value.__context__, OSError)
+
+
+def test_off_the_main_thread_writes_are_not_held(tmp_path):
+    errors = []
+
+    def work():
+        try:
+            util.atomic_write(tmp_path / "f.bin", lambda f: f.write(b"from a thread"))
+        except BaseException as e:  # signal.signal would raise ValueError here
+            errors.append(e)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert errors == [] and (tmp_path / "f.bin").read_bytes() == b"from a thread"
+
+
+def test_a_default_sigterm_ends_the_process_after_the_file_is_whole(tmp_path):
+    """No handler installed: SIGTERM does what it always does, once the file is written."""
+    path = tmp_path / "f.bin"
+    code = ("import signal, sys; from xenith_edu.tools import util\n"
+            "def write(f):\n"
+            "    f.write(b'one;'); signal.raise_signal(signal.SIGTERM); f.write(b'two;')\n"
+            "util.atomic_write(sys.argv[1], write)\n"
+            "print('not reached')\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == -signal.SIGTERM and proc.stdout == ""
+    assert path.read_bytes() == b"one;two;"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]

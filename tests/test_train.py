@@ -686,6 +686,50 @@ def test_a_micro_run_stops_with_the_checkpoint_it_leaves(tmp_path, monkeypatch):
     assert not (tmp_path / "stop" / ".lock").exists()
 
 
+def test_a_stopped_run_leaves_no_temporary_in_its_folder(tmp_path, monkeypatch):
+    """However a run ends, the folder it held is swept before it is let go: a temporary that an
+    interrupt left mid-write (one that no writer could catch) is gone with the lock."""
+    from xenith_edu.training import runlog
+
+    real_checkpoint = runlog.RunLog.checkpoint
+
+    def checkpoint(self, step, params, m, v, rng):
+        if step == 4:
+            (tmp_path / "stop" / ".ckpt.npz.cut.tmp").write_bytes(b"half a checkpoint")
+            raise KeyboardInterrupt
+        return real_checkpoint(self, step, params, m, v, rng)
+
+    monkeypatch.setattr(runlog.RunLog, "checkpoint", checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        _run(_micro(tmp_path, steps=6, eval_every=2), tmp_path / "stop")
+    assert load_checkpoint(tmp_path / "stop").step == 2
+    assert sorted(p.name for p in (tmp_path / "stop").iterdir()) == ["ckpt.npz", "log.jsonl",
+                                                                     "loss.png"]
+
+
+def test_ctrl_c_while_a_checkpoint_is_written_names_that_checkpoint(tmp_path, monkeypatch):
+    """The interrupt waits until the checkpoint is on disk and the run knows it: the message
+    then names the step the file holds."""
+    import signal
+
+    from xenith_edu.training import runlog
+
+    real_save = runlog.save_checkpoint
+
+    def save(path, params, m, v, step, *rest):
+        if step == 4:
+            signal.raise_signal(signal.SIGINT)
+        return real_save(path, params, m, v, step, *rest)
+
+    monkeypatch.setattr(runlog, "save_checkpoint", save)
+    with pytest.raises(KeyboardInterrupt) as e:
+        _run(_micro(tmp_path, steps=6, eval_every=2), tmp_path / "cut")
+    assert str(e.value) == f"the last good checkpoint is {tmp_path / 'cut' / 'ckpt.npz'} (step 4)"
+    assert load_checkpoint(tmp_path / "cut").step == 4
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["ckpt.npz", "log.jsonl",
+                                                                    "loss.png"]
+
+
 def test_a_folder_another_trainer_holds_is_refused(tmp_path):
     from xenith_edu.training.rundir import FolderLock
 

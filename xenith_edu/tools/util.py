@@ -1,41 +1,99 @@
-"""Small helpers the whole package shares: the one atomic writer and the one-line error formatter.
-Nothing here knows about the model; every module that writes a file or prints an error uses these.
+"""Small helpers the whole package shares: the one atomic writer, the hold on interrupts it
+uses, and the one-line error formatter. Nothing here knows about the model.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
-from collections.abc import Callable
+import secrets
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-_UMASK = os.umask(0o022)  # read the process umask (the only way is to set it) ...
-os.umask(_UMASK)  # ... and put it back at once
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and `kill` (a time limit, docker stop)
+_holding = threading.local()  # whether the main thread is inside `interrupts_held` already
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while the block runs, then deliver the first that came.
+
+    A file being written is finished, and the program knows it was written, before the
+    interrupt stops it: an interrupt inside NumPy's zip writer would otherwise leave it half
+    closed and turn the clean stop into an error. Only the main thread takes signals, so
+    elsewhere (and inside a block that holds them already) this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread() or getattr(_holding, "on", False):
+        yield
+        return
+    came: list[tuple[int, object]] = []
+    previous = {}
+    _holding.on = True
+    try:
+        for s in HELD_SIGNALS:
+            if signal.getsignal(s) is not None:  # None: a handler set outside Python, left be
+                previous[s] = signal.signal(s, lambda signum, frame: came.append((signum, frame)))
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _holding.on = False
+        if came:
+            _deliver(*came[0], previous[came[0][0]])
+
+
+def _deliver(signum: int, frame: object, handler: object) -> None:
+    """What `signum` would have done had it not been held: call its handler, or end the
+    process by its default action."""
+    if callable(handler):
+        handler(signum, frame)
+    elif handler == signal.SIG_DFL:
+        signal.raise_signal(signum)
 
 
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
     """Call write(f) on a temporary file next to `path`, then rename it onto `path`.
 
-    A crash or an error mid-write leaves any previous file at `path` untouched. The file gets
-    the usual permissions (0666 less the umask), not mkstemp's 0600.
+    A crash or an error mid-write leaves any previous file at `path` untouched and no temporary
+    file behind; Ctrl-C and SIGTERM wait until the file is written (`interrupts_held`). The
+    file gets the usual permissions (0666 less the umask), as `open` gives.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with interrupts_held():
+        _write_then_rename(path, write)
+
+
+def _write_then_rename(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    tmp = None
     try:
-        os.chmod(tmp, 0o666 & ~_UMASK)
+        while tmp is None:
+            # the name is known before the file exists: an interrupt that lands just after
+            # os.open made the file, before its result is kept, still finds it below
+            tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                tmp = None  # another writer's, by one chance in 2**48: not ours to remove
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        if tmp is not None:
+            _remove(tmp)
         raise
+
+
+def _remove(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass  # gone already (or never made)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

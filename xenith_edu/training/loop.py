@@ -150,6 +150,7 @@ def train(
         return _train(tc, out_dir, resume, overwrite, init, progress, verbose, ranks, t_start)
     finally:
         if lock is not None:
+            remove_stale_temps(Path(out_dir))  # however the run ended, before the folder is free
             lock.release()
 
 

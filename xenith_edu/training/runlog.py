@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..model import Config
-from ..tools.util import atomic_write, atomic_write_text, one_line
+from ..tools.util import atomic_write, atomic_write_text, interrupts_held, one_line
 from .checkpoint import Checkpoint, config_mismatch, load_checkpoint, save_checkpoint
 from .data import get_batch
 
@@ -211,13 +211,14 @@ class RunLog:
                    rng: np.random.Generator) -> None:
         """Params after `step` updates, the moments, and `rng` ready to draw batch `step`."""
         path = self.out_dir / CHECKPOINT
-        if self.write:
-            try:
-                save_checkpoint(path, params, m, v, step, rng, self.cfg, self.vocab,
-                                self.tc.to_dict(), self.tokenizer_spec)
-            except OSError as e:  # disk full, a read-only folder: the last one is intact
-                raise self.cannot_write(f"the checkpoint of step {step}", e) from None
-        self.last_ckpt = f"{path} (step {step})"
+        with interrupts_held():  # a Ctrl-C waits until the file and `last_ckpt` agree
+            if self.write:
+                try:
+                    save_checkpoint(path, params, m, v, step, rng, self.cfg, self.vocab,
+                                    self.tc.to_dict(), self.tokenizer_spec)
+                except OSError as e:  # disk full, a read-only folder: the last one is intact
+                    raise self.cannot_write(f"the checkpoint of step {step}", e) from None
+            self.last_ckpt = f"{path} (step {step})"
 
     def cannot_write(self, what: str, e: OSError) -> OSError:
         """The one line of a failed write: the folder, why, the checkpoint kept, what to do."""
