@@ -859,3 +859,27 @@ def test_a_default_sigterm_ends_the_process_after_the_file_is_whole(tmp_path):
     assert proc.returncode == -signal.SIGTERM and proc.stdout == ""
     assert path.read_bytes() == b"one;two;"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
+
+
+def test_a_held_signal_with_its_default_action_is_raised_again(monkeypatch):
+    """The default action is the kernel's (SIGTERM ends the process): the held signal is sent
+    again once its handler is back; an ignored one is dropped. (The subprocess test above
+    shows the end to end; this one runs where mutation testing sees it.)"""
+    raised = []
+    monkeypatch.setattr(util.signal, "raise_signal", raised.append)
+    util._deliver(signal.SIGTERM, None, signal.SIG_DFL)
+    util._deliver(signal.SIGINT, None, signal.SIG_IGN)
+    assert raised == [signal.SIGTERM]
+
+
+def test_the_handler_gets_the_frame_the_signal_came_in():
+    got = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: got.append((signum, frame)))
+    try:
+        with util.interrupts_held():
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    (signum, frame), = got
+    assert signum == signal.SIGTERM and frame.f_code.co_name == (
+        "test_the_handler_gets_the_frame_the_signal_came_in")
