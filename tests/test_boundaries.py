@@ -474,6 +474,70 @@ def test_attention_rows_with_very_different_scores():
     np.testing.assert_allclose(out, _attention_reference(q, k, v), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("scale, where", [(60.0, "above"), (-60.0, "below")])
+def test_float32_attention_far_outside_exp_range_shifts_each_row(scale, where):
+    """Scores whose exp overflows float32 (above about 88), or whose row underflows (every
+    score below about -87): the rows are shifted by their max and the output is right."""
+    from xenith_edu.attention import causal_attention_forward
+
+    rng = np.random.default_rng(11)
+    u = rng.standard_normal(4)
+    u /= np.linalg.norm(u)  # every query and key along one direction, a little apart
+    r = np.sqrt(4 * abs(scale))  # q . k / sqrt(4) is about r * r / 2 = 2 |scale|
+    q = (np.sign(scale) * r * u + 0.1 * rng.standard_normal((1, 2, 5, 4))).astype(np.float32)
+    k = (r * u + 0.1 * rng.standard_normal((1, 2, 5, 4))).astype(np.float32)
+    v = rng.standard_normal((1, 2, 5, 4)).astype(np.float32)  # scores about +-2 |scale|
+    ref = _attention_reference(q, k, v)
+    scores = (q @ np.swapaxes(k, -1, -2) / 2.0).astype(np.float64)
+    assert (scores.min() > 88) if where == "above" else (scores.max() < -88)
+    with np.errstate(over="raise", divide="raise", invalid="raise"):  # none of those
+        out, _ = causal_attention_forward(q, k, v)
+    # scores near 100 carry a float32 rounding 100 times that of scores near 1, and exp turns
+    # it into a relative error of the weights: about 1e-5 here
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_attention_exp_range_test_reads_the_query_own_position():
+    """Unshifted exp is safe when no score is above the bound and each query's own position (a
+    lower bound of its row's max) is above the other: with Sq < Sk (decoding) that entry is
+    (i, Sk - Sq + i), not (i, i)."""
+    from xenith_edu.attention import _exp_bounds, _exp_is_safe
+
+    hi, lo = _exp_bounds(np.dtype(np.float32), 8)
+    scores = np.zeros((1, 1, 3, 8), np.float32)
+    assert _exp_is_safe(scores, 3, 8)
+    scores[0, 0, 1, 6] = lo - 1.0  # query 1 sits at position 8 - 3 + 1 = 6
+    assert not _exp_is_safe(scores, 3, 8)
+    scores[0, 0, 1, 6], scores[0, 0, 1, 1] = 0.0, lo - 1.0  # (1, 1) is not its own position
+    assert _exp_is_safe(scores, 3, 8)
+    scores[0, 0, 2, 0] = hi + 0.01  # any score above the bound, masked or not
+    assert not _exp_is_safe(scores, 3, 8)
+    scores[0, 0, 2, 0] = np.nan
+    assert not _exp_is_safe(scores, 3, 8)
+    scores[0, 0, 2, 0] = hi - 1e-4  # just inside the bound (float32 rounds the bound itself)
+    assert _exp_is_safe(scores, 3, 8)
+    scores[0, 0, 2, 7] = lo + 1e-4  # and the lower one
+    assert _exp_is_safe(scores, 3, 8)
+
+
+@pytest.mark.parametrize("dtype, Sk, hi, lo", [
+    (np.float32, 64, 83.56396, -69.70102),  # ln(max) - ln(64) - 1, ln(tiny) + 24 ln 2 + 1
+    (np.float32, 1024, 80.79137, -69.70102),
+    (np.float64, 64, 704.62383, -670.65962),  # 53 bits of mantissa
+])
+def test_attention_exp_range_bounds(dtype, Sk, hi, lo):
+    """Below hi, a row sum of Sk exps stays finite (by a factor e); above lo, a row's largest
+    exp is 2**(mantissa bits) above the smallest normal number (by a factor e)."""
+    from xenith_edu.attention import _exp_bounds
+
+    got_hi, got_lo = _exp_bounds(np.dtype(dtype), Sk)
+    assert got_hi == pytest.approx(hi, abs=1e-5) and got_lo == pytest.approx(lo, abs=1e-5)
+    info = np.finfo(dtype)
+    assert np.exp(got_hi) * Sk * np.e == pytest.approx(float(info.max), rel=1e-9)
+    assert np.exp(got_lo) / np.e / 2.0 ** (info.nmant + 1) == pytest.approx(
+        float(info.smallest_normal), rel=1e-9)
+
+
 def test_attention_keeps_float32():
     from xenith_edu.attention import causal_attention_backward, causal_attention_forward
 

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_info
+from threadpoolctl import threadpool_info, threadpool_limits
 
 import xenith_edu.training.threads as threads_mod
 from xenith_edu import Config, init_params, loss_and_grads
@@ -59,6 +59,30 @@ def test_sharded_gradients_are_the_same_every_time():
     assert first[0] == again[0]
     for name in first[1]:
         np.testing.assert_array_equal(first[1][name], again[1][name])
+
+
+@pytest.mark.parametrize("B, threads", [(6, 3), (7, 3)])
+def test_the_shards_gradients_are_summed_then_scaled_when_equal(B, threads):
+    """Equal shards: (g0 + g1 + g2) / 3, two passes over each gradient; unequal ones: each
+    weighted by its windows, then summed. Bit for bit, the rule each case states."""
+    params = init_params(CFG, 5, np.float32)
+    x, y = _batch(B, seed=2)
+    bounds = shard_bounds(B, threads)
+    with threadpool_limits(limits=1, user_api="blas"):  # as each shard runs
+        parts = [loss_and_grads(params, CFG, x[lo:hi], y[lo:hi])[1] for lo, hi in bounds]
+    with ThreadShards(threads) as shards:
+        _, got = shards.loss_and_grads(params, CFG, x, y)
+    for name in got:
+        if B % threads == 0:
+            want = parts[0][name].copy()
+            for p in parts[1:]:
+                want += p[name]
+            want *= 1 / threads
+        else:
+            want = parts[0][name] * ((bounds[0][1] - bounds[0][0]) / B)
+            for (lo, hi), p in zip(bounds[1:], parts[1:], strict=True):
+                want += p[name] * ((hi - lo) / B)
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
 
 
 def _blas_threads() -> list[int]:

@@ -72,11 +72,17 @@ class ThreadShards:
         weights = [(hi - lo) / len(x) for lo, hi in bounds]
         loss = sum(w * shard_loss for w, (shard_loss, _) in zip(weights, results, strict=True))
         grads = results[0][1]  # the calling thread's arrays: the sum is written into them
+        equal = len(set(weights)) == 1
         for name, g in grads.items():
-            g *= weights[0]
-            for w, (_, other) in zip(weights[1:], results[1:], strict=True):
-                other[name] *= w  # a worker's array, not needed after this
-                g += other[name]
+            if equal:  # shards of one size: sum, then scale once (two passes, not three)
+                for _, other in results[1:]:
+                    g += other[name]
+                g *= weights[0]
+            else:
+                g *= weights[0]
+                for w, (_, other) in zip(weights[1:], results[1:], strict=True):
+                    other[name] *= w  # a worker's array, not needed after this
+                    g += other[name]
         return float(loss), grads
 
     def close(self) -> None:
