@@ -2,7 +2,8 @@
 The fast form, with grouped-query attention; the "Causal attention" chapter has the readable one.
 
 This module is what the model runs: every head in one batched product, a kept causal mask, the
-workspace's reused arrays, the query heads of a key/value group stacked into one product. The
+workspace's reused arrays, the query heads of a key/value group stacked into one product, and
+the softmax's row-max shift only where exp needs it (`_exp_is_safe`). The
 chapter derives the same backward, with the softmax's vector-Jacobian product, first one head at
 a time in loops and then on all heads in a few lines (its `attention_backward`); its exercises
 check a learner's version against this module.
