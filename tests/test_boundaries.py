@@ -518,6 +518,10 @@ def test_attention_exp_range_test_reads_the_query_own_position():
     assert _exp_is_safe(scores, 3, 8)
     scores[0, 0, 2, 7] = lo + 1e-4  # and the lower one
     assert _exp_is_safe(scores, 3, 8)
+    hi64, lo64 = _exp_bounds(np.dtype(np.float64), 8)
+    exact = np.zeros((1, 1, 3, 8))  # float64 holds the bounds exactly: both are in range
+    exact[0, 0, 0, 0], exact[0, 0, 2, 7] = hi64, lo64
+    assert _exp_is_safe(exact, 3, 8)
 
 
 @pytest.mark.parametrize("dtype, Sk, hi, lo", [
