@@ -407,23 +407,24 @@ def test_sigterm_stops_like_ctrl_c_with_status_143(tmp_path):
     _no_leftovers(out)
 
 
-def test_sigterm_inside_a_checkpoint_write_leaves_no_temporary(tmp_path, capsys, monkeypatch):
+def test_sigterm_inside_a_checkpoint_write_waits_for_it(tmp_path, capsys, monkeypatch):
+    """The kill lands in the middle of the second checkpoint's write: the write finishes, then
+    the run stops, and the one line names that checkpoint, whole, with no temporary left."""
     import xenith_edu.training.checkpoint as checkpoint
     out, real, writes = tmp_path / "run", checkpoint.np.savez, []
 
     def killed_midway(f, **arrays):
         writes.append(1)
-        if len(writes) == 2:  # the second checkpoint, half written
-            f.write(b"PK half a checkpoint")
+        if len(writes) == 2:  # the second checkpoint, as it starts to write
             os.kill(os.getpid(), signal.SIGTERM)
         real(f, **arrays)
 
     monkeypatch.setattr(checkpoint.np, "savez", killed_midway)
     rc, _, err = run(["train", *QUICK, "--steps", "6", "--eval-every", "2", "--out", out], capsys)
-    assert rc == 143
+    assert rc == 143 and len(writes) == 2  # no third checkpoint
     assert err == (f"xenith-edu train: stopped by SIGTERM; the last good checkpoint is "
-                   f"{out / 'ckpt.npz'} (step 2)\n")
-    assert load_checkpoint(out).step == 2
+                   f"{out / 'ckpt.npz'} (step 4)\n")
+    assert load_checkpoint(out).step == 4
     _no_leftovers(out)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back after the command
 
