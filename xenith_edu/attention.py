@@ -71,7 +71,7 @@ def _exp_is_safe(scores: np.ndarray, Sq: int, Sk: int) -> bool:
     """Whether exp of the masked `scores` (B, H, Sq, Sk) needs no shift by each row's max.
 
     The shift only keeps exp in range; it costs a reduction over rows of Sk numbers, the
-    slowest pass of the softmax (four times the exp's time at the book's sizes). Unshifted,
+    slowest pass of the softmax (three times the exp's time at the book's sizes). Unshifted,
     exp neither overflows (no score, hence no row sum of Sk terms, above the largest exp) nor
     loses a row: each row's own position (the query's diagonal entry, a lower bound of its
     max) is large enough that every term within float rounding of the row's largest is a
