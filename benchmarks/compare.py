@@ -28,7 +28,8 @@ from matmul_limit import KERNEL_VARS
 
 HERE = Path(__file__).resolve().parent
 FIELDS = ("forward_ms", "backward_ms", "step_ms", "update_ms", "whole_ms", "limit_ms",
-          "limit_gflops", "peak_gflops", "peak_rss_mib", "rss_growth_mib")
+          "limit_gflops", "peak_gflops", "peak_rss_mib", "rss_growth_mib",
+          "workers_peak_rss_mib")
 # issue 29's targets, on OpenBLAS's own kernel: (numerator, denominator, field, at most)
 TARGETS = (("numpy-trainer", "limit", "step_ms", 2.0), ("numpy-trainer", "torch-compile",
            "step_ms", 0.55), ("numpy", "torch-eager", "step_ms", 0.55))
@@ -84,10 +85,11 @@ def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], dict | None
     common = ["--json", "--whole", "--repeats", str(args.repeats)] + (["--cpu"] if args.cpu else [])
     step = [sys.executable, str(HERE / "step.py"), *common, "--limit"]
     threads = ["--threads", str(args.threads)] if args.threads else []
+    trainer_cpu = ["--parallel", "threads"] if args.cpu else []  # CPU time: one process's
     out = {}
     for label, env in kernels(args.force, args.threads).items():
         out[f"numpy/{label}"] = (step, env)
-        out[f"numpy-trainer/{label}"] = ([*step, "--trainer", *threads], env)
+        out[f"numpy-trainer/{label}"] = ([*step, "--trainer", *threads, *trainer_cpu], env)
     torch = [args.torch_python, str(HERE / "torch_step.py"), *common,
              "--threads", str(args.threads or 2)]
     out["torch-eager"] = (torch, None)
@@ -119,6 +121,10 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]]) -> None:
               f"{cell(m['limit_gflops'])} {cell(m['peak_gflops'], 6)} {m['rss_growth_mib']:10.1f}")
     print("(limit: the step's matrix products alone, same shapes and threads, and their GFLOP/s; "
           "peak: one (1024, 1024) float32 product, GFLOP/s)")
+    for k, m in med.items():
+        if m["workers_peak_rss_mib"]:
+            print(f"{k}: its worker process's peak RSS {m['workers_peak_rss_mib']:.1f} MiB, "
+                  "not in its RSS growth above")
     traced = statistics.median(x["traced_peak_mib"] for x in results["numpy/own"])
     print(f"NumPy's traced peak of one step (tracemalloc, first step): {traced:.1f} MiB")
     for label in kernels(args.force, args.threads):

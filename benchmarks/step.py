@@ -5,10 +5,12 @@ as medians, the memory of a step, and the BLAS kernel in use. --limit also times
 matrix products alone (the same shapes, the same threads: `matmul_limit.py`), the machine's
 limit for this step, and gives the step as a multiple of it. By default nothing is tuned: a
 plain `loss_and_grads` in a fresh interpreter, as a learner's notebook runs it. --trainer runs
-the step as the trainer does: its process setting (`keep_freed_memory`) and its threads
-(`TrainConfig.threads` threads share the batch, one BLAS thread each; forward and backward are
-then timed together).
-Run: python benchmarks/step.py [--repeats 30] [--whole] [--trainer] [--limit] [--cpu] [--json]
+the step as the trainer does: its process setting (`keep_freed_memory`) and its workers
+(`TrainConfig.threads` workers share the batch, one BLAS thread each, as worker processes:
+`TrainConfig.parallel`; forward and backward are then timed together). The limit is measured
+with threads, whose products are recorded in this process: the same shapes as the workers'.
+Run: python benchmarks/step.py [--repeats 30] [--whole] [--trainer] [--parallel threads]
+     [--limit] [--cpu] [--json]
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import xenith_edu as xe
 from xenith_edu.tools.perf import keep_freed_memory
 from xenith_edu.training import TrainConfig
 from xenith_edu.training.optim import adamw_step_, clip_by_global_norm, zeros_like_params
+from xenith_edu.training.processes import batch_shards
 from xenith_edu.training.threads import ThreadShards
 
 BOOK = dict(vocab_size=76, n_embd=128, n_head=4, n_layer=4, ffn_hidden=352, seq_len=64,
@@ -42,11 +45,13 @@ def step_flops(cfg: xe.Config, B: int) -> int:
     return 3 * forward
 
 
-def measure_limit(shards: ThreadShards, params: dict, cfg: xe.Config, x: np.ndarray,
+def measure_limit(threads: int, params: dict, cfg: xe.Config, x: np.ndarray,
                   y: np.ndarray, clock=time.perf_counter) -> dict:
     """The step's matrix products, recorded in one step as the step runs them (each thread its
-    shard's), timed alone: ms, GFLOP/s, and a large product's GFLOP/s for comparison."""
-    products = record(lambda: shards.loss_and_grads(params, cfg, x, y))
+    shard's: the same products as worker processes would run), timed alone: ms, GFLOP/s, and a
+    large product's GFLOP/s for comparison."""
+    with ThreadShards(threads) as shards:
+        products = record(lambda: shards.loss_and_grads(params, cfg, x, y))
     flops = sum(p.flops for thread in products for p in thread)
     ms = replay_ms(products, clock=clock)  # the step's own clock: wall, or CPU with --cpu
     return {"limit_ms": round(ms, 2), "matmul_gflop": round(flops / 1e9, 3),
@@ -72,9 +77,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="threads that share the batch, one BLAS thread each (default 1, "
                              "with --trainer the trainer's)")
+    parser.add_argument("--parallel", choices=("processes", "threads"), default=None,
+                        help="how the --threads workers run (default, with --trainer, the "
+                             f"trainer's: {TrainConfig().parallel})")
     parser.add_argument("--trainer", action="store_true",
-                        help="the trainer's settings: --keep-freed-memory and "
-                             f"--threads {TrainConfig().threads}")
+                        help="the trainer's settings: --keep-freed-memory, "
+                             f"--threads {TrainConfig().threads} and --parallel "
+                             f"{TrainConfig().parallel}")
     parser.add_argument("--whole", action="store_true",
                         help="also time the trainer's update after backward: clipping and AdamW")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
@@ -89,9 +98,14 @@ def main() -> None:
     if args.trainer:
         args.keep_freed_memory = True
         args.threads = TrainConfig().threads if args.threads is None else args.threads
+        args.parallel = args.parallel or TrainConfig().parallel
     args.threads = args.threads or 1
+    args.parallel = args.parallel or "threads"
+    if args.cpu and args.parallel == "processes" and args.threads > 1:
+        parser.error("--cpu counts this process's CPU time only, not its workers': add "
+                     "--parallel threads")
     tuned = keep_freed_memory() if args.keep_freed_memory else False
-    shards = ThreadShards(args.threads)
+    shards = batch_shards(args.threads, args.parallel)
     cfg = xe.Config(**BOOK)
     params = xe.init_params(cfg, seed=0, dtype=np.float32)
     rng = np.random.default_rng(0)
@@ -126,19 +140,22 @@ def main() -> None:
             bwd.append(t2 - t1)
             upd.append(t3 - t2)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux: KiB)
-    limit = measure_limit(shards, params, cfg, x, y, clock) if args.limit else {}
-    shards.close()
+    shards.close()  # the workers end: their peak memory is the children's (0 with threads)
+    workers_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    limit = measure_limit(args.threads, params, cfg, x, y, clock) if args.limit else {}
     ms = lambda a: round(1e3 * float(np.median(a)), 2)  # noqa: E731
     step = ms(np.add(fwd, bwd))
     apart = args.threads == 1  # forward and backward timed apart
     result = {
         "library": "numpy", "whole": args.whole, "threads": args.threads,
+        "parallel": args.parallel if args.threads > 1 else None,
         "forward_ms": ms(fwd) if apart else None, "backward_ms": ms(bwd) if apart else None,
         "step_ms": step, "update_ms": ms(upd), "whole_ms": ms(np.add(np.add(fwd, bwd), upd)),
         "tokens_per_s": round(BATCH * cfg.seq_len / step * 1e3),
         "gflops": round(step_flops(cfg, BATCH) / step / 1e6, 1), "malloc_tuned": tuned,
         "traced_peak_mib": round(traced_peak, 1),
         "peak_rss_mib": round(peak_rss, 1), "rss_growth_mib": round(peak_rss - rss0, 1),
+        "workers_peak_rss_mib": round(workers_rss, 1),
         "blas": blas(), **limit,
     }
     if limit:
@@ -147,7 +164,9 @@ def main() -> None:
         print(json.dumps(result))
         return
     print(f"book config, batch {BATCH}, float32, NumPy {np.__version__}, "
-          f"glibc tuned: {tuned}, threads: {args.threads}, median of {args.repeats} steps")
+          f"glibc tuned: {tuned}, threads: {args.threads}"
+          + (f" ({args.parallel})" if args.threads > 1 else "")
+          + f", median of {args.repeats} steps")
     if apart:
         print(f"forward  {result['forward_ms']:7.2f} ms")
         print(f"backward {result['backward_ms']:7.2f} ms")
@@ -166,7 +185,9 @@ def main() -> None:
               f"a (1024, 1024) product {limit['peak_gflops']:.0f} GFLOP/s")
     print(f"memory: traced peak of a first step {traced_peak:.1f} MiB; peak RSS "
           f"{result['peak_rss_mib']:.1f} MiB ({result['rss_growth_mib']:.1f} MiB above the "
-          "RSS before the first step)")
+          "RSS before the first step)"
+          + (f"; the worker processes' largest peak RSS {workers_rss:.1f} MiB (the traced "
+             "peak is this process's shard)" if workers_rss else ""))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import xenith_edu.training.threads as threads_mod
+import xenith_edu.training.processes as shards_mod
 from xenith_edu import Config, init_params
 from xenith_edu.model.generate import generate, next_token_probs, sample_text
 from xenith_edu.softmax_ce import per_token_loss
@@ -186,9 +186,45 @@ def test_threads_share_the_batch_and_train_the_same_model(tmp_path):
         np.testing.assert_array_equal(again.params[k], three.params[k])
 
 
+def test_processes_and_threads_train_the_same_model_bit_for_bit(tmp_path):
+    """The book recipe's way (worker processes) against threads: the same shards, the same
+    average, so the same parameters and losses, bit for bit."""
+    procs = _run(TINY.with_settings(threads=2), tmp_path / "procs")
+    threads = _run(TINY.with_settings(threads=2, parallel="threads"), tmp_path / "threads")
+    assert (procs.val_loss, procs.train_loss) == (threads.val_loss, threads.train_loss)
+    for k in procs.params:
+        np.testing.assert_array_equal(procs.params[k], threads.params[k], err_msg=k)
+    assert read_log(tmp_path / "procs" / "log.jsonl")[0]["config"]["parallel"] == "processes"
+
+
+def test_an_interrupted_run_stops_its_worker_processes(tmp_path, monkeypatch):
+    from xenith_edu.training import loop
+
+    made = []
+
+    def recording(count, parallel):
+        made.append(shards_mod.batch_shards(count, parallel))
+        return made[-1]
+
+    real_batch, calls = loop.get_batch, {"n": 0}
+
+    def interrupted(ids, batch, seq_len, rng):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_batch(ids, batch, seq_len, rng)
+
+    monkeypatch.setattr(loop, "batch_shards", recording)
+    monkeypatch.setattr(loop, "get_batch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _run(TINY.with_settings(threads=2), tmp_path)
+    (shards,) = made
+    assert isinstance(shards, shards_mod.ProcessShards) and shards._workers == []
+
+
 def _nan_at_update(monkeypatch, n: int):
     """Make the trainer's n-th gradient call report a nan loss; returns the real function."""
-    real = threads_mod.loss_and_grads  # what the trainer's gradient function calls
+    real = shards_mod.loss_and_grads  # what the trainer's gradient function calls
     calls = {"n": 0}
 
     def flaky(params, cfg, x, y, **kw):
@@ -196,7 +232,7 @@ def _nan_at_update(monkeypatch, n: int):
         calls["n"] += 1
         return (math.nan if calls["n"] == n else loss), grads
 
-    monkeypatch.setattr(threads_mod, "loss_and_grads", flaky)
+    monkeypatch.setattr(shards_mod, "loss_and_grads", flaky)
     return real
 
 
@@ -213,14 +249,14 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, mon
 
 
 def test_infinite_gradient_stops_the_run(tmp_path, monkeypatch):
-    real = threads_mod.loss_and_grads
+    real = shards_mod.loss_and_grads
 
     def inf_grad(params, cfg, x, y, **kw):
         loss, grads = real(params, cfg, x, y, **kw)
         grads["w1"][0, 0, 0] = np.inf
         return loss, grads
 
-    monkeypatch.setattr(threads_mod, "loss_and_grads", inf_grad)
+    monkeypatch.setattr(shards_mod, "loss_and_grads", inf_grad)
     with pytest.raises(TrainingDiverged, match="gradient norm became inf at step 0.*no checkpoint"):
         _run(TINY, tmp_path)
     assert not (tmp_path / "ckpt.npz").exists()
@@ -669,7 +705,7 @@ def test_a_micro_run_stops_with_the_checkpoint_it_leaves(tmp_path, monkeypatch):
                             f"checkpoint is {tmp_path / 'nan' / 'ckpt.npz'} (step 2)")
     assert e.value.step == 3 and e.value.__suppress_context__
     assert not (tmp_path / "nan" / ".lock").exists()
-    monkeypatch.setattr(threads_mod, "loss_and_grads", real)
+    monkeypatch.setattr(shards_mod, "loss_and_grads", real)
     real_batch = loop.get_batch
 
     def interrupted(ids, batch, seq_len, rng):

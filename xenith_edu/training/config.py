@@ -15,6 +15,7 @@ import numpy as np
 from ..model import Config
 
 VOCAB_FROM_TEXT = 1  # TrainConfig.model's vocab_size: the run's text sets it (model_config)
+PARALLEL = ("processes", "threads")  # TrainConfig.parallel: how the workers of a batch run
 
 
 def setting(default: Any, group: str, help: str) -> Any:
@@ -88,13 +89,19 @@ class TrainConfig:
     eval_every: int = setting(250, "loop", "evaluate and save a checkpoint every N steps")
     eval_batches: int = setting(200, "loop", "batches of fixed windows per evaluation")
     seed: int = setting(1337, "loop", "seed of the initial weights and of the batches")
-    threads: int = setting(2, "loop", "threads that share each batch in a single-process run, "
-                           "one BLAS thread each (1: one thread, BLAS threads the products); "
+    threads: int = setting(2, "loop", "workers that share each batch in a single-process run, "
+                           "one BLAS thread each (1: one worker, BLAS threads the products); "
                            "under mpiexec each rank uses one")
+    parallel: str = setting("processes", "loop", "how those workers run: processes (an "
+                            "interpreter each, no lock between them: the faster) or threads (of "
+                            "one interpreter); the same numbers either way")
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, Config):
             raise TypeError(f"model must be a Config, got {type(self.model).__name__}")
+        if self.parallel not in PARALLEL:
+            raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, "
+                             f"got {self.parallel!r}")
         if not isinstance(self.recompute, (bool, np.bool_)):
             raise TypeError(f"recompute must be true or false, got {self.recompute!r}")
         if self.text is not None and not isinstance(self.text, str):

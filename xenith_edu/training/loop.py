@@ -22,6 +22,7 @@ from .config import TrainConfig
 from .data import get_batch, load_text, prepare_data
 from .finetune import check_init, init_state, load_init, run_config
 from .optim import lr_at, zeros_like_params
+from .processes import batch_shards
 from .rundir import FolderLock, remove_stale_temps
 from .runlog import (
     RunLog,
@@ -31,7 +32,6 @@ from .runlog import (
     load_resume,
 )
 from .step import Params, TrainingDiverged, evaluate, train_step
-from .threads import ThreadShards
 
 if TYPE_CHECKING:  # parallel.py imports mpi4py, which a single-process run never needs
     from .checkpoint import Checkpoint
@@ -168,7 +168,7 @@ def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, over
     params, m, v, start, rng = (init_state(base, tc) if base is not None
                                 else initial_state(tc, cfg, ckpt))  # params, optimizer, batches
     windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)
-    workers = ranks or ThreadShards(tc.threads)  # ranks, or threads, share a batch
+    workers = ranks or batch_shards(tc.threads, tc.parallel)  # ranks, or processes or threads
     evaluate_fn = ranks.evaluate if ranks else evaluate
     log = RunLog(out_dir, tc, cfg, tokenizer.vocab, start, resume, progress=progress,
                  verbose=verbose, write=write, tokenizer_spec=getattr(tokenizer, "spec", None))
@@ -196,6 +196,8 @@ def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, over
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (the command line raises it as one)
         raise type(e)(log.kept()) from None
     finally:
+        if ranks is None:
+            workers.close()  # the worker processes end with the run
         log.close(finished)
     ms, comm_ms = log.ms_per_step()
     return TrainResult(params, cfg, tc, tokenizer, tc.steps, val_loss, train_loss, ms,

@@ -33,6 +33,36 @@ def shard_bounds(B: int, threads: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:], strict=True))
 
 
+def check_count(name: str, value: object) -> int:
+    """`value` as a count of workers (an int of at least 1), or TypeError/ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return int(value)
+
+
+def average_shards(bounds: list[tuple[int, int]], B: int,
+                   results: list[tuple[float, Params]]) -> tuple[float, Params]:
+    """The batch's loss and gradients from its shards' (`bounds`, B windows in all): the mean of
+    the shards' means, weighted by their sizes, written into the first shard's arrays."""
+    weights = [(hi - lo) / B for lo, hi in bounds]
+    loss = sum(w * shard_loss for w, (shard_loss, _) in zip(weights, results, strict=True))
+    grads = results[0][1]  # the calling thread's arrays: the sum is written into them
+    equal = len(set(weights)) == 1
+    for name, g in grads.items():
+        if equal:  # shards of one size: sum, then scale once (two passes, not three)
+            for _, other in results[1:]:
+                g += other[name]
+            g *= weights[0]
+        else:
+            g *= weights[0]
+            for w, (_, other) in zip(weights[1:], results[1:], strict=True):
+                other[name] *= w  # a worker's array, not needed after this
+                g += other[name]
+    return float(loss), grads
+
+
 class ThreadShards:
     """`loss_and_grads` over `threads` threads, each computing the loss and gradients of its
     shard of the batch with one BLAS thread; the calling thread takes the first shard.
@@ -44,11 +74,7 @@ class ThreadShards:
     """
 
     def __init__(self, threads: int) -> None:
-        if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
-            raise TypeError(f"threads must be an int, got {type(threads).__name__}")
-        if threads < 1:
-            raise ValueError(f"threads must be at least 1, got {threads}")
-        self.threads = int(threads)
+        self.threads = check_count("threads", threads)
         self._pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
         self._blas = ThreadpoolController()  # finds the BLAS libraries NumPy loaded
 
@@ -68,22 +94,7 @@ class ThreadShards:
             lo, hi = bounds[0]
             results = [grads_fn(params, cfg, x[lo:hi], y[lo:hi])]  # the first shard, here
             results += [f.result() for f in others]
-        # the batch's mean is the mean of the shards' means, weighted by their sizes
-        weights = [(hi - lo) / len(x) for lo, hi in bounds]
-        loss = sum(w * shard_loss for w, (shard_loss, _) in zip(weights, results, strict=True))
-        grads = results[0][1]  # the calling thread's arrays: the sum is written into them
-        equal = len(set(weights)) == 1
-        for name, g in grads.items():
-            if equal:  # shards of one size: sum, then scale once (two passes, not three)
-                for _, other in results[1:]:
-                    g += other[name]
-                g *= weights[0]
-            else:
-                g *= weights[0]
-                for w, (_, other) in zip(weights[1:], results[1:], strict=True):
-                    other[name] *= w  # a worker's array, not needed after this
-                    g += other[name]
-        return float(loss), grads
+        return average_shards(bounds, len(x), results)
 
     def close(self) -> None:
         """End the worker threads; later calls compute in the calling thread alone."""
@@ -98,4 +109,4 @@ class ThreadShards:
         self.close()
 
 
-__all__ = ["ThreadShards", "shard_bounds"]
+__all__ = ["ThreadShards", "average_shards", "check_count", "shard_bounds"]

@@ -1,0 +1,300 @@
+"""Tests of training.processes: a batch shared among worker processes gives, bit for bit, what
+the same shards give in threads, and no process or file outlives its use however a call ends."""
+
+from __future__ import annotations
+
+import gc
+import glob
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import xenith_edu.training.processes as processes_mod
+from xenith_edu import Config, init_params, loss_and_grads
+from xenith_edu.training import TrainConfig
+from xenith_edu.training.processes import ProcessShards, batch_shards, layout_of, views
+from xenith_edu.training.threads import ThreadShards
+
+CFG = Config(vocab_size=11, n_embd=16, n_head=2, n_layer=2, ffn_hidden=24, seq_len=8)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _batch(B: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, CFG.vocab_size, (B, 8)), rng.integers(0, CFG.vocab_size, (B, 8))
+
+
+def _same(a, b) -> None:
+    assert a[0] == b[0]
+    assert list(a[1]) == list(b[1])
+    for name in a[1]:
+        np.testing.assert_array_equal(a[1][name], b[1][name], err_msg=name)
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    """Whether process `pid` has ended (or is a zombie) within `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] in ("Z", "X"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _shard_files() -> list[str]:
+    folders = {tempfile.gettempdir(), "/dev/shm"}
+    return [p for d in folders for p in glob.glob(os.path.join(d, "xenith-edu-shard-*"))]
+
+
+@pytest.fixture(scope="module")
+def shards():
+    with ProcessShards(3) as s:
+        yield s
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("B, count", [(6, 2), (5, 2), (7, 3), (3, 5), (4, 1), (1, 2)])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_processes_give_the_threads_numbers_bit_for_bit(dtype, B, count, recompute):
+    """Equal and unequal shards, one shard, more workers than windows: the same bits as the
+    threads (the same shards, each with one BLAS thread, averaged by the same function)."""
+    params = init_params(CFG, 3, dtype)
+    x, y = _batch(B)
+    with ThreadShards(count) as t, ProcessShards(count) as p:
+        want = t.loss_and_grads(params, CFG, x, y, recompute=recompute)
+        got = p.loss_and_grads(params, CFG, x, y, recompute=recompute)
+    _same(got, want)
+    assert got[1]["w1"].dtype == dtype
+
+
+def test_processes_give_the_single_calls_figures(shards):
+    params = init_params(CFG, 5, np.float64)
+    x, y = _batch(7, seed=2)
+    loss, grads = loss_and_grads(params, CFG, x, y)
+    got_loss, got = shards.loss_and_grads(params, CFG, x, y)
+    assert got_loss == pytest.approx(loss, rel=1e-13)
+    for name in grads:
+        np.testing.assert_allclose(got[name], grads[name], rtol=1e-11, atol=1e-15, err_msg=name)
+
+
+def test_the_workers_see_each_calls_parameters_and_model(shards):
+    """Parameters change at every update, a new model changes shapes and Config: each call
+    computes with what it is given."""
+    x, y = _batch(6, seed=3)
+    for seed in (1, 2):
+        params = init_params(CFG, seed, np.float32)
+        _same(shards.loss_and_grads(params, CFG, x, y), ThreadShards(3).loss_and_grads(
+            params, CFG, x, y))
+    params = init_params(CFG, 1, np.float32)
+    params["wq"] *= 2  # changed in place, as AdamW does
+    _same(shards.loss_and_grads(params, CFG, x, y), ThreadShards(3).loss_and_grads(
+        params, CFG, x, y))
+    other = Config(vocab_size=13, n_embd=32, n_head=4, n_layer=1, ffn_hidden=40, seq_len=8,
+                   tie_embeddings=False)
+    params = init_params(other, 4, np.float64)
+    xo = np.random.default_rng(0).integers(0, 13, (6, 8))
+    _same(shards.loss_and_grads(params, other, xo, xo), ThreadShards(3).loss_and_grads(
+        params, other, xo, xo))
+
+
+def test_the_mapped_files_leave_no_name_behind(shards):
+    params = init_params(CFG, 1, np.float32)
+    x, y = _batch(6)
+    shards.loss_and_grads(params, CFG, x, y)
+    assert shards._workers and all(w.proc.poll() is None for w in shards._workers)
+    assert _shard_files() == []  # removed as soon as the workers had mapped them
+
+
+def test_a_full_dev_shm_falls_back_to_the_temporary_folder(monkeypatch):
+    real = os.posix_fallocate if hasattr(os, "posix_fallocate") else None
+    seen = []
+
+    def full(fd, offset, length):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        seen.append(path)
+        if path.startswith("/dev/shm/"):
+            raise OSError(28, "No space left on device")
+        if real is not None:
+            real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", full, raising=False)
+    params = init_params(CFG, 1, np.float32)
+    x, y = _batch(4)
+    with ProcessShards(2) as p:
+        got = p.loss_and_grads(params, CFG, x, y)
+    _same(got, ThreadShards(2).loss_and_grads(params, CFG, x, y))
+    assert any(s.startswith(tempfile.gettempdir()) for s in seen)
+    assert _shard_files() == []
+
+
+def test_close_ends_the_workers_and_a_later_call_starts_new_ones():
+    params = init_params(CFG, 1, np.float32)
+    x, y = _batch(4)
+    p = ProcessShards(2)
+    first = p.loss_and_grads(params, CFG, x, y)
+    procs = [w.proc for w in p._workers]
+    p.close()
+    assert p._workers == [] and all(proc.poll() is not None for proc in procs)
+    _same(p.loss_and_grads(params, CFG, x, y), first)
+    p.close()
+
+
+def test_dropping_the_shards_ends_the_workers():
+    p = ProcessShards(2)
+    params = init_params(CFG, 1, np.float32)
+    p.loss_and_grads(params, CFG, *_batch(4))
+    pid = p._workers[0].proc.pid
+    del p
+    gc.collect()
+    assert _gone(pid)
+
+
+def test_a_killed_worker_fails_the_call_clearly_and_the_next_call_recovers():
+    params = init_params(CFG, 1, np.float32)
+    x, y = _batch(4)
+    with ProcessShards(2) as p:
+        want = p.loss_and_grads(params, CFG, x, y)
+        proc = p._workers[0].proc
+        proc.kill()
+        proc.wait()
+        with pytest.raises(RuntimeError, match=r"worker process of the shards ended \(exit "
+                                               r"codes \[-9\]\); the next call starts new ones"):
+            p.loss_and_grads(params, CFG, x, y)
+        assert p._workers == []
+        _same(p.loss_and_grads(params, CFG, x, y), want)
+
+
+def test_an_error_in_a_workers_shard_is_raised_in_the_caller():
+    """A target out of range in the worker's half only: the worker's ValueError, with its
+    message, is the caller's, and the shards work again afterwards."""
+    params = init_params(CFG, 1, np.float32)
+    x, y = _batch(4)
+    bad = y.copy()
+    bad[3, 0] = CFG.vocab_size
+    with ProcessShards(2) as p:
+        with pytest.raises(ValueError, match=r"y has token ids in \[\d+, 11\], outside \[0, 11\)"):
+            p.loss_and_grads(params, CFG, x, bad)
+        _same(p.loss_and_grads(params, CFG, x, y), ThreadShards(2).loss_and_grads(
+            params, CFG, x, y))
+
+
+def test_an_interrupt_in_the_callers_shard_stops_the_workers_and_leaves_them_usable(
+        monkeypatch):
+    params = init_params(CFG, 1, np.float32)
+    x, y = _batch(4)
+    real = processes_mod.loss_and_grads
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with ProcessShards(2) as p:
+        want = p.loss_and_grads(params, CFG, x, y)
+        procs = [w.proc for w in p._workers]
+        monkeypatch.setattr(processes_mod, "loss_and_grads", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            p.loss_and_grads(params, CFG, x, y)
+        assert p._workers == [] and all(proc.poll() is not None for proc in procs)
+        monkeypatch.setattr(processes_mod, "loss_and_grads", real)
+        _same(p.loss_and_grads(params, CFG, x, y), want)
+
+
+def test_ctrl_c_is_the_callers_to_handle(shards):
+    """SIGINT (a terminal's Ctrl-C reaches the whole process group) does not stop a worker."""
+    params = init_params(CFG, 1, np.float32)
+    x, y = _batch(6)
+    want = shards.loss_and_grads(params, CFG, x, y)
+    for w in shards._workers:
+        os.kill(w.proc.pid, signal.SIGINT)
+    time.sleep(0.2)
+    assert all(w.proc.poll() is None for w in shards._workers)
+    _same(shards.loss_and_grads(params, CFG, x, y), want)
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(f"""\
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})  # the package found by sys.path alone
+        import numpy as np
+        from xenith_edu import Config, init_params
+        from xenith_edu.training.processes import ProcessShards
+        from xenith_edu.training.threads import ThreadShards
+        cfg = Config(vocab_size=11, n_embd=16, n_head=2, n_layer=2, ffn_hidden=24, seq_len=8)
+        params = init_params(cfg, 1, np.float32)
+        x = np.random.default_rng(0).integers(0, 11, (4, 8))
+        p = ProcessShards(2)
+        got = p.loss_and_grads(params, cfg, x, x)
+        """) + textwrap.dedent(body))
+    return path
+
+
+def _env() -> dict:
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def test_a_script_without_a_main_guard_and_a_package_found_by_sys_path(tmp_path):
+    script = _script(tmp_path, """\
+        want = ThreadShards(2).loss_and_grads(params, cfg, x, x)
+        print(got[0] == want[0] and all((got[1][k] == want[1][k]).all() for k in want[1]))
+        """)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         cwd=tmp_path, env=_env(), timeout=120)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "True\n", "")
+
+
+def test_a_worker_ends_when_its_caller_is_killed(tmp_path):
+    script = _script(tmp_path, """\
+        print(p._workers[0].proc.pid, flush=True)
+        import time
+        time.sleep(60)
+        """)
+    caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              cwd=tmp_path, env=_env())
+    try:
+        pid = int(caller.stdout.readline())
+        assert not _gone(pid, timeout=0.2)
+    finally:
+        caller.kill()
+        caller.wait()
+        caller.stdout.close()
+    assert _gone(pid)
+
+
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (-1, ValueError), (True, TypeError),
+                                        (2.0, TypeError), ("2", TypeError), (None, TypeError)])
+def test_bad_process_counts_are_refused(bad, error):
+    with pytest.raises(error, match="processes must be"):
+        ProcessShards(bad)
+
+
+def test_batch_shards_gives_each_kind_and_refuses_others():
+    assert isinstance(batch_shards(2), ProcessShards)
+    assert isinstance(batch_shards(2, "threads"), ThreadShards)
+    with pytest.raises(ValueError, match="parallel must be one of processes, threads, got 'gpu'"):
+        batch_shards(2, "gpu")
+    with pytest.raises(ValueError, match="parallel must be one of processes, threads, got 3"):
+        TrainConfig(parallel=3)
+
+
+def test_a_layout_puts_each_array_on_its_own_cache_line():
+    arrays = {"a": np.ones(3, np.float32), "b": np.ones((2, 5)), "c": np.ones(0, np.int64)}
+    layout = layout_of(arrays)
+    assert [item[3] for item in layout.items] == [0, 64, 192]
+    assert layout.nbytes == 192  # an empty array takes no room
+    buf = bytearray(max(layout.nbytes, 64))
+    got = views(memoryview(buf), layout)
+    for name, a in arrays.items():
+        got[name][...] = a
+        assert got[name].shape == a.shape and got[name].dtype == a.dtype

@@ -1,0 +1,285 @@
+"""Data parallelism across worker processes on one machine: no interpreter lock between shards.
+The same shards and the same average as `threads.py` ("Many processes" chapter), bit for bit.
+
+Why processes. Two threads of one interpreter hand its lock back and forth at every NumPy call,
+and at the book's sizes that costs a tenth to a fifth of the step, more when the two threads
+fall into step with each other (benchmarks/README.md has the measured figures). A worker process
+has an interpreter of its own. The parameters reach it through memory that both processes map,
+copied in at every call (they change at every update); its windows go down a pipe; its
+gradients come back through mapped memory, where the caller reads them in place as it sums.
+
+A worker is `python -m xenith_edu.training.shard_worker`: a fresh interpreter that imports nothing
+of the caller's script, so a script without `if __name__ == "__main__"` is safe. The mapped
+files are removed from the folder as soon as the worker has opened them: nothing is left behind
+however either process ends. Ctrl-C reaches only the caller (a worker ignores SIGINT, and the
+caller stops it); a worker whose caller dies reads the end of its pipe and exits; a worker that
+dies makes the call raise RuntimeError. After any failure or interrupt in a call the workers
+are stopped (a pipe may be left mid-message), and the next call starts new ones.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import weakref
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+from threadpoolctl import ThreadpoolController
+
+from ..model import Config, loss_and_grads
+from .config import PARALLEL
+from .threads import Params, ThreadShards, average_shards, check_count, shard_bounds
+
+# Shape legend: B batch (windows), S positions.
+
+_ALIGN = 64  # each array starts on a cache line of its own
+
+
+class Layout(NamedTuple):
+    """Where each array of a dict sits in one mapped block: (name, shape, dtype, offset)."""
+
+    items: tuple[tuple[str, tuple[int, ...], str, int], ...]
+    nbytes: int
+
+
+def layout_of(arrays: Params) -> Layout:
+    """The layout of `arrays` packed one after the other, in their order."""
+    items, offset = [], 0
+    for name, a in arrays.items():
+        items.append((name, tuple(a.shape), a.dtype.str, offset))
+        offset += -(-a.nbytes // _ALIGN) * _ALIGN
+    return Layout(tuple(items), max(offset, _ALIGN))
+
+
+def views(buf: mmap.mmap, layout: Layout) -> Params:
+    """The arrays of `layout` as views of the mapped block `buf`."""
+    return {name: np.ndarray(shape, np.dtype(dtype), buf, offset)
+            for name, shape, dtype, offset in layout.items}
+
+
+def _mapped_file(nbytes: int) -> tuple[str, mmap.mmap]:
+    """A new file of `nbytes`, its space reserved, mapped shared: in memory (/dev/shm) where
+    the system has room there, else in the temporary folder (a small /dev/shm, as in many
+    containers, would otherwise kill the process that first touches a page beyond its size)."""
+    folders = [tempfile.gettempdir()]
+    if os.access("/dev/shm", os.W_OK):
+        folders.insert(0, "/dev/shm")
+    for i, folder in enumerate(folders):
+        fd, path = tempfile.mkstemp(prefix="xenith-edu-shard-", dir=folder)
+        try:
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, nbytes)  # ENOSPC now, not a crash later
+            else:
+                os.ftruncate(fd, nbytes)
+            return path, mmap.mmap(fd, nbytes)
+        except OSError:
+            os.unlink(path)
+            if i == len(folders) - 1:
+                raise
+        finally:
+            os.close(fd)
+    raise AssertionError("unreachable")
+
+
+def _open_mapped(path: str, nbytes: int) -> mmap.mmap:
+    with open(path, "r+b") as f:
+        return mmap.mmap(f.fileno(), nbytes)
+
+
+# -- the worker's side ----------------------------------------------------------------------
+
+def serve(inp, out) -> None:
+    """A worker's loop on the binary streams `inp` and `out`: one request, one reply, until
+    the caller says stop or goes away. Requests: ("map", p, g, cfg) with p and g (path,
+    Layout) of the parameters' and the gradients' blocks, then (seq, x, y, recompute) for
+    each call; replies: ("mapped",) and (seq, loss, error)."""
+    from ..tools.perf import keep_freed_memory  # why here: the worker's own process setting
+
+    keep_freed_memory()
+    ThreadpoolController().limit(limits=1, user_api="blas")  # one core, for the worker's life
+    params = grads = cfg = None
+    while True:
+        try:
+            msg = pickle.load(inp)
+        except (EOFError, OSError, pickle.UnpicklingError):  # the caller is gone
+            return
+        if msg is None:
+            return
+        if msg[0] == "map":  # new blocks (the first call, or other shapes), or another model
+            (p_path, p_layout), (g_path, g_layout), cfg = msg[1:]
+            params = views(_open_mapped(p_path, p_layout.nbytes), p_layout)
+            grads = views(_open_mapped(g_path, g_layout.nbytes), g_layout)
+            reply: tuple = ("mapped",)
+        else:
+            seq, x, y, recompute = msg
+            try:
+                loss, g = loss_and_grads(params, cfg, x, y, recompute=recompute)
+                for name, dst in grads.items():
+                    np.copyto(dst, g[name])
+                reply = (seq, float(loss), None)
+            except Exception as e:  # noqa: BLE001 -- any failure goes back to the caller
+                reply = (seq, None, e)
+        try:
+            pickle.dump(reply, out, protocol=pickle.HIGHEST_PROTOCOL)
+            out.flush()
+        except (BrokenPipeError, OSError):
+            return
+
+
+# -- the caller's side ----------------------------------------------------------------------
+
+class _Worker:
+    """One worker process, its pipes, and the two blocks it maps with the caller."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ)  # where this package is, even if the caller found it by sys.path
+        here = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "xenith_edu.training.shard_worker"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        except OSError as e:
+            raise RuntimeError(f"cannot start a worker process for the shards ({e}); share the "
+                               "batch among threads instead (parallel='threads')") from e
+        self.layout: Layout | None = None
+        self.cfg: Config | None = None
+        self.params: Params = {}
+        self.grads: Params = {}
+        self.seq = 0
+
+    def send(self, msg: object) -> None:
+        pickle.dump(msg, self.proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+        self.proc.stdin.flush()
+
+    def receive(self) -> tuple:
+        return pickle.load(self.proc.stdout)
+
+    def map(self, params: Params, cfg: Config) -> None:
+        """Make sure the worker maps blocks that fit `params` and knows `cfg`."""
+        layout = layout_of(params)
+        if layout == self.layout and cfg == self.cfg:
+            return
+        self.layout = self.cfg = None
+        paths = []
+        try:
+            p_path, p_buf = _mapped_file(layout.nbytes)
+            paths.append(p_path)
+            g_path, g_buf = _mapped_file(layout.nbytes)
+            paths.append(g_path)
+            self.send(("map", (p_path, layout), (g_path, layout), cfg))
+            if self.receive() != ("mapped",):
+                raise RuntimeError("a shard's worker did not map its blocks")
+        finally:
+            for path in paths:  # both processes hold the mappings: the names can go
+                os.unlink(path)
+        self.params, self.grads = views(p_buf, layout), views(g_buf, layout)
+        self.layout, self.cfg = layout, cfg
+
+    def close(self) -> None:
+        try:
+            self.send(None)
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self.params, self.grads = {}, {}
+
+
+def _close_all(workers: list[_Worker]) -> None:
+    while workers:
+        workers.pop().close()
+
+
+class ProcessShards:
+    """`loss_and_grads` over `processes` shards of each batch: the caller computes the first,
+    a worker process each of the others, all with one BLAS thread. The result is the same as
+    `ThreadShards`', bit for bit. `close()` (or a `with` block) ends the workers; so does
+    dropping the object.
+    """
+
+    def __init__(self, processes: int) -> None:
+        self.processes = check_count("processes", processes)
+        self._workers: list[_Worker] = []
+        self._blas = ThreadpoolController()  # the caller's shard, too, runs on one core
+        self._finalizer = weakref.finalize(self, _close_all, self._workers)
+
+    def loss_and_grads(self, params: Params, cfg: Config, x: np.ndarray, y: np.ndarray,
+                       recompute: bool = False) -> tuple[float, Params]:
+        """The mean loss and gradients of the batch x, y (B, S), as `model.loss_and_grads`."""
+        if self.processes == 1 or len(x) < 2:
+            return loss_and_grads(params, cfg, x, y, recompute=recompute)
+        bounds = shard_bounds(len(x), self.processes)
+        try:
+            return self._sharded(params, cfg, x, y, recompute, bounds)
+        except BaseException:  # an interrupt or an error mid-call: the pipes may be mid-message
+            self.close()  # so the workers stop, and the next call starts new ones
+            raise
+
+    def _sharded(self, params: Params, cfg: Config, x: np.ndarray, y: np.ndarray,
+                 recompute: bool, bounds: list[tuple[int, int]]) -> tuple[float, Params]:
+        while len(self._workers) < len(bounds) - 1:
+            self._workers.append(_Worker())
+        sent = self._workers[: len(bounds) - 1]
+        try:
+            for w, (lo, hi) in zip(sent, bounds[1:], strict=True):
+                w.map(params, cfg)
+                for name, dst in w.params.items():
+                    np.copyto(dst, params[name])
+                w.seq += 1
+                w.send((w.seq, np.asarray(x[lo:hi]), np.asarray(y[lo:hi]), bool(recompute)))
+        except (EOFError, OSError, pickle.UnpicklingError) as e:
+            raise self._lost() from e
+        lo, hi = bounds[0]
+        with self._blas.limit(limits=1, user_api="blas"):  # the first shard, here
+            results = [loss_and_grads(params, cfg, x[lo:hi], y[lo:hi], recompute=recompute)]
+        results += [self._result(w) for w in sent]
+        return average_shards(bounds, len(x), results)
+
+    def _result(self, w: _Worker) -> tuple[float, Params]:
+        try:
+            seq, loss, error = w.receive()
+        except (EOFError, OSError, pickle.UnpicklingError) as e:
+            raise self._lost() from e
+        if error is not None:
+            raise error
+        if seq != w.seq:
+            raise RuntimeError(f"a shard's worker answered call {seq} to call {w.seq}")
+        return loss, w.grads
+
+    def _lost(self) -> RuntimeError:
+        codes = [w.proc.poll() for w in self._workers]
+        return RuntimeError(f"a worker process of the shards ended (exit codes {codes}); the "
+                            "next call starts new ones")
+
+    def close(self) -> None:
+        """End the worker processes; a later call starts new ones."""
+        _close_all(self._workers)
+
+    def __enter__(self) -> ProcessShards:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def batch_shards(count: int, parallel: str = "processes") -> ProcessShards | ThreadShards:
+    """The trainer's way of sharing each batch among `count` workers: processes or threads
+    (`TrainConfig.threads` and `TrainConfig.parallel`). Both give the same numbers, bit for bit."""
+    if parallel not in PARALLEL:
+        raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
+    return ProcessShards(count) if parallel == "processes" else ThreadShards(count)
+
+
+__all__ = ["Layout", "ProcessShards", "batch_shards", "layout_of", "serve", "views"]
