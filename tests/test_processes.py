@@ -298,3 +298,44 @@ def test_a_layout_puts_each_array_on_its_own_cache_line():
     for name, a in arrays.items():
         got[name][...] = a
         assert got[name].shape == a.shape and got[name].dtype == a.dtype
+
+
+def test_shared_parameters_are_read_where_they_are_trained():
+    """The trainer's way: the block's own arrays, changed in place between calls (as AdamW
+    changes them), are what the workers compute with."""
+    params = init_params(CFG, 1, np.float32)
+    x, y = _batch(4)
+    with ProcessShards(2) as p:
+        shared = p.shared(params)
+        assert all(shared[k] is not params[k] for k in params)
+        assert all(np.array_equal(shared[k], params[k]) for k in params)
+        assert all(a is b for a, b in zip(p.shared(shared).values(), shared.values()))
+        for step in range(3):
+            _same(p.loss_and_grads(shared, CFG, x, y), ThreadShards(2).loss_and_grads(
+                shared, CFG, x, y))
+            for a in shared.values():
+                a *= 0.9  # in place, as an update
+    assert float(shared["wq"][0, 0, 0]) == pytest.approx(0.9**3 * float(params["wq"][0, 0, 0]))
+    one = ProcessShards(1)
+    assert one.shared(params) is params  # no workers, nothing to share
+
+
+def test_no_descriptor_outlives_the_shards():
+    def open_fds() -> set[str]:
+        return set(os.listdir("/proc/self/fd"))
+
+    params = init_params(CFG, 1, np.float32)
+    x, y = _batch(6)
+    before = open_fds()
+    p = ProcessShards(3)
+    p.loss_and_grads(params, CFG, x, y)
+    p.close()
+    p.loss_and_grads(params, CFG, x, y)  # restarted
+    del p
+    gc.collect()
+    assert open_fds() <= before
+
+
+def test_batch_shards_gives_threads_where_the_system_is_not_posix(monkeypatch):
+    monkeypatch.setattr(processes_mod.os, "name", "nt")
+    assert isinstance(batch_shards(2), ThreadShards)

@@ -5,7 +5,7 @@ The package is built in floors, and imports run one way, down:
     cli/          the `xenith-edu` command line
     classroom/    student versions of the notebooks and the sandboxed grader
     exercises/    the learner's checks: the engine, the runner, one module per chapter
-    training/     settings, data, AdamW, the step, the loop, checkpoints, threads, MPI
+    training/     settings, data, AdamW, the step, the loop, checkpoints, threads, processes, MPI
     model/        Config, the parameter table, forward and backward, generation, check_model
     softmax_ce, swiglu, rmsnorm, attention, rope, embedding, linear, flash_attention
                   the components: one module per chapter, `*_forward`/`*_backward` pairs

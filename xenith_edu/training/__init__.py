@@ -1,5 +1,5 @@
 """The training floor: settings, data, AdamW, the step, the loop, the run folder (checkpoint and
-log), the threads and the MPI ranks that share a batch.
+log), the threads, worker processes and MPI ranks that share a batch.
 
 Imports run down only: this floor uses `xenith_edu.model`, the components and `xenith_edu.tools`.
 `parallel` (MPI) is not imported here: a single-process run never needs mpi4py.

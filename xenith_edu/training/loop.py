@@ -169,6 +169,8 @@ def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, over
                                 else initial_state(tc, cfg, ckpt))  # params, optimizer, batches
     windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)
     workers = ranks or batch_shards(tc.threads, tc.parallel)  # ranks, or processes or threads
+    if ranks is None:  # worker processes read the parameters where the loop updates them
+        params = workers.shared(params)
     evaluate_fn = ranks.evaluate if ranks else evaluate
     log = RunLog(out_dir, tc, cfg, tokenizer.vocab, start, resume, progress=progress,
                  verbose=verbose, write=write, tokenizer_spec=getattr(tokenizer, "spec", None))

@@ -4,17 +4,19 @@ The same shards and the same average as `threads.py` ("Many processes" chapter),
 Why processes. Two threads of one interpreter hand its lock back and forth at every NumPy call,
 and at the book's sizes that costs a tenth to a fifth of the step, more when the two threads
 fall into step with each other (benchmarks/README.md has the measured figures). A worker process
-has an interpreter of its own. The parameters reach it through memory that both processes map,
-copied in at every call (they change at every update); its windows go down a pipe; its
-gradients come back through mapped memory, where the caller reads them in place as it sums.
+has an interpreter of its own. The parameters reach it through one block of memory that every
+process maps (the trainer keeps its parameters there, `shared`, so that nothing is copied; other
+callers' parameters are copied in at each call); its windows go down a pipe; its gradients come
+back through a block of its own, where the caller reads them in place as it sums the shards.
 
 A worker is `python -m xenith_edu.training.shard_worker`: a fresh interpreter that imports nothing
-of the caller's script, so a script without `if __name__ == "__main__"` is safe. The mapped
-files are removed from the folder as soon as the worker has opened them: nothing is left behind
-however either process ends. Ctrl-C reaches only the caller (a worker ignores SIGINT, and the
-caller stops it); a worker whose caller dies reads the end of its pipe and exits; a worker that
-dies makes the call raise RuntimeError. After any failure or interrupt in a call the workers
-are stopped (a pipe may be left mid-message), and the next call starts new ones.
+of the caller's script, so a script without `if __name__ == "__main__"` is safe. A block is a
+file that is removed from its folder as soon as it is made; the workers inherit its open file
+descriptor, so nothing is left behind however any process ends. Ctrl-C reaches only the caller
+(a worker ignores SIGINT, and the caller stops it); a worker whose caller dies reads the end of
+its pipe and exits; a worker that dies makes the call raise RuntimeError. After any failure or
+interrupt in a call the workers are stopped (a pipe may be left mid-message), and the next call
+starts new ones. POSIX systems only: elsewhere `batch_shards` gives threads.
 """
 
 from __future__ import annotations
@@ -63,47 +65,57 @@ def views(buf: mmap.mmap, layout: Layout) -> Params:
             for name, shape, dtype, offset in layout.items}
 
 
-def _mapped_file(nbytes: int) -> tuple[str, mmap.mmap]:
-    """A new file of `nbytes`, its space reserved, mapped shared: in memory (/dev/shm) where
-    the system has room there, else in the temporary folder (a small /dev/shm, as in many
-    containers, would otherwise kill the process that first touches a page beyond its size)."""
+class Block(NamedTuple):
+    """A block of memory that the caller and its workers map: its open file and its arrays."""
+
+    fd: int  # the file, already removed from its folder: the workers inherit this descriptor
+    layout: Layout
+    arrays: Params  # views of the caller's mapping
+
+
+def new_block(layout: Layout) -> Block:
+    """A block for `layout`, its space reserved: in memory (/dev/shm) where the system has room
+    there, else in the temporary folder (a small /dev/shm, as in many containers, would
+    otherwise kill the process that first touches a page beyond its size)."""
     folders = [tempfile.gettempdir()]
     if os.access("/dev/shm", os.W_OK):
         folders.insert(0, "/dev/shm")
     for i, folder in enumerate(folders):
         fd, path = tempfile.mkstemp(prefix="xenith-edu-shard-", dir=folder)
+        os.unlink(path)  # no name to leave behind: the descriptor is the block
         try:
             if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(fd, 0, nbytes)  # ENOSPC now, not a crash later
+                os.posix_fallocate(fd, 0, layout.nbytes)  # ENOSPC now, not a crash later
             else:
-                os.ftruncate(fd, nbytes)
-            return path, mmap.mmap(fd, nbytes)
+                os.ftruncate(fd, layout.nbytes)
+            return Block(fd, layout, views(mmap.mmap(fd, layout.nbytes), layout))
         except OSError:
-            os.unlink(path)
+            os.close(fd)
             if i == len(folders) - 1:
                 raise
-        finally:
-            os.close(fd)
     raise AssertionError("unreachable")
-
-
-def _open_mapped(path: str, nbytes: int) -> mmap.mmap:
-    with open(path, "r+b") as f:
-        return mmap.mmap(f.fileno(), nbytes)
 
 
 # -- the worker's side ----------------------------------------------------------------------
 
 def serve(inp, out) -> None:
     """A worker's loop on the binary streams `inp` and `out`: one request, one reply, until
-    the caller says stop or goes away. Requests: ("map", p, g, cfg) with p and g (path,
-    Layout) of the parameters' and the gradients' blocks, then (seq, x, y, recompute) for
-    each call; replies: ("mapped",) and (seq, loss, error)."""
+    the caller says stop or goes away. The first request is ("map", p, g): the descriptors and
+    layouts of the parameters' and the gradients' blocks; then (seq, cfg, x, y, recompute) for
+    each call, cfg None when it is the previous call's; replies: (seq, loss, error)."""
     from ..tools.perf import keep_freed_memory  # why here: the worker's own process setting
 
     keep_freed_memory()
     ThreadpoolController().limit(limits=1, user_api="blas")  # one core, for the worker's life
-    params = grads = cfg = None
+    try:
+        _, (p_fd, p_layout), (g_fd, g_layout) = pickle.load(inp)
+    except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
+        return
+    params = views(mmap.mmap(p_fd, p_layout.nbytes), p_layout)
+    grads = views(mmap.mmap(g_fd, g_layout.nbytes), g_layout)
+    os.close(p_fd)
+    os.close(g_fd)
+    cfg = None
     while True:
         try:
             msg = pickle.load(inp)
@@ -111,20 +123,15 @@ def serve(inp, out) -> None:
             return
         if msg is None:
             return
-        if msg[0] == "map":  # new blocks (the first call, or other shapes), or another model
-            (p_path, p_layout), (g_path, g_layout), cfg = msg[1:]
-            params = views(_open_mapped(p_path, p_layout.nbytes), p_layout)
-            grads = views(_open_mapped(g_path, g_layout.nbytes), g_layout)
-            reply: tuple = ("mapped",)
-        else:
-            seq, x, y, recompute = msg
-            try:
-                loss, g = loss_and_grads(params, cfg, x, y, recompute=recompute)
-                for name, dst in grads.items():
-                    np.copyto(dst, g[name])
-                reply = (seq, float(loss), None)
-            except Exception as e:  # noqa: BLE001 -- any failure goes back to the caller
-                reply = (seq, None, e)
+        seq, new_cfg, x, y, recompute = msg
+        cfg = new_cfg if new_cfg is not None else cfg
+        try:
+            loss, g = loss_and_grads(params, cfg, x, y, recompute=recompute)
+            for name, dst in grads.items():
+                np.copyto(dst, g[name])
+            reply = (seq, float(loss), None)
+        except Exception as e:  # noqa: BLE001 -- any failure goes back to the caller
+            reply = (seq, None, e)
         try:
             pickle.dump(reply, out, protocol=pickle.HIGHEST_PROTOCOL)
             out.flush()
@@ -135,24 +142,25 @@ def serve(inp, out) -> None:
 # -- the caller's side ----------------------------------------------------------------------
 
 class _Worker:
-    """One worker process, its pipes, and the two blocks it maps with the caller."""
+    """One worker process, its pipes, and its gradients' block."""
 
-    def __init__(self) -> None:
+    def __init__(self, params: Block) -> None:
+        self.grads = new_block(params.layout)
         env = dict(os.environ)  # where this package is, even if the caller found it by sys.path
         here = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "xenith_edu.training.shard_worker"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                pass_fds=(params.fd, self.grads.fd))
         except OSError as e:
+            os.close(self.grads.fd)
             raise RuntimeError(f"cannot start a worker process for the shards ({e}); share the "
                                "batch among threads instead (parallel='threads')") from e
-        self.layout: Layout | None = None
         self.cfg: Config | None = None
-        self.params: Params = {}
-        self.grads: Params = {}
         self.seq = 0
+        self.send(("map", (params.fd, params.layout), (self.grads.fd, params.layout)))
 
     def send(self, msg: object) -> None:
         pickle.dump(msg, self.proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
@@ -160,27 +168,6 @@ class _Worker:
 
     def receive(self) -> tuple:
         return pickle.load(self.proc.stdout)
-
-    def map(self, params: Params, cfg: Config) -> None:
-        """Make sure the worker maps blocks that fit `params` and knows `cfg`."""
-        layout = layout_of(params)
-        if layout == self.layout and cfg == self.cfg:
-            return
-        self.layout = self.cfg = None
-        paths = []
-        try:
-            p_path, p_buf = _mapped_file(layout.nbytes)
-            paths.append(p_path)
-            g_path, g_buf = _mapped_file(layout.nbytes)
-            paths.append(g_path)
-            self.send(("map", (p_path, layout), (g_path, layout), cfg))
-            if self.receive() != ("mapped",):
-                raise RuntimeError("a shard's worker did not map its blocks")
-        finally:
-            for path in paths:  # both processes hold the mappings: the names can go
-                os.unlink(path)
-        self.params, self.grads = views(p_buf, layout), views(g_buf, layout)
-        self.layout, self.cfg = layout, cfg
 
     def close(self) -> None:
         try:
@@ -194,12 +181,16 @@ class _Worker:
             self.proc.kill()
             self.proc.wait()
         self.proc.stdout.close()
-        self.params, self.grads = {}, {}
+        os.close(self.grads.fd)
 
 
-def _close_all(workers: list[_Worker]) -> None:
+def _close_all(workers: list[_Worker], blocks: list[Block] | None = None) -> None:
+    """Stop the workers; with `blocks`, also close those blocks' files (their arrays stay
+    valid in the caller as long as something holds them)."""
     while workers:
         workers.pop().close()
+    while blocks:
+        os.close(blocks.pop().fd)
 
 
 class ProcessShards:
@@ -212,8 +203,28 @@ class ProcessShards:
     def __init__(self, processes: int) -> None:
         self.processes = check_count("processes", processes)
         self._workers: list[_Worker] = []
+        self._blocks: list[Block] = []  # the parameters' block, which every worker maps
         self._blas = ThreadpoolController()  # the caller's shard, too, runs on one core
-        self._finalizer = weakref.finalize(self, _close_all, self._workers)
+        self._finalizer = weakref.finalize(self, _close_all, self._workers, self._blocks)
+
+    def shared(self, params: Params) -> Params:
+        """`params`' values in the block that the workers read: arrays to train in place (as
+        AdamW does), which no call then needs to copy. Other arrays work too, copied in.
+        With one process there are no workers, and `params` is returned as it is."""
+        if self.processes == 1:
+            return params
+        block = self._block_for(params)
+        for name, dst in block.arrays.items():
+            if dst is not params[name]:
+                np.copyto(dst, params[name])
+        return dict(block.arrays)
+
+    def _block_for(self, params: Params) -> Block:
+        layout = layout_of(params)
+        if not self._blocks or self._blocks[0].layout != layout:  # the first call, or a model
+            self.close()  # of other shapes: new blocks, and workers that map them
+            self._blocks.append(new_block(layout))
+        return self._blocks[0]
 
     def loss_and_grads(self, params: Params, cfg: Config, x: np.ndarray, y: np.ndarray,
                        recompute: bool = False) -> tuple[float, Params]:
@@ -224,21 +235,21 @@ class ProcessShards:
         try:
             return self._sharded(params, cfg, x, y, recompute, bounds)
         except BaseException:  # an interrupt or an error mid-call: the pipes may be mid-message
-            self.close()  # so the workers stop, and the next call starts new ones
+            _close_all(self._workers)  # so the workers stop, and the next call starts new ones
             raise
 
     def _sharded(self, params: Params, cfg: Config, x: np.ndarray, y: np.ndarray,
                  recompute: bool, bounds: list[tuple[int, int]]) -> tuple[float, Params]:
-        while len(self._workers) < len(bounds) - 1:
-            self._workers.append(_Worker())
-        sent = self._workers[: len(bounds) - 1]
+        self.shared(params)  # copies only what is not the block's already
         try:
+            while len(self._workers) < len(bounds) - 1:
+                self._workers.append(_Worker(self._blocks[0]))
+            sent = self._workers[: len(bounds) - 1]
             for w, (lo, hi) in zip(sent, bounds[1:], strict=True):
-                w.map(params, cfg)
-                for name, dst in w.params.items():
-                    np.copyto(dst, params[name])
                 w.seq += 1
-                w.send((w.seq, np.asarray(x[lo:hi]), np.asarray(y[lo:hi]), bool(recompute)))
+                w.send((w.seq, None if cfg == w.cfg else cfg, np.asarray(x[lo:hi]),
+                        np.asarray(y[lo:hi]), bool(recompute)))
+                w.cfg = cfg
         except (EOFError, OSError, pickle.UnpicklingError) as e:
             raise self._lost() from e
         lo, hi = bounds[0]
@@ -256,7 +267,7 @@ class ProcessShards:
             raise error
         if seq != w.seq:
             raise RuntimeError(f"a shard's worker answered call {seq} to call {w.seq}")
-        return loss, w.grads
+        return loss, w.grads.arrays
 
     def _lost(self) -> RuntimeError:
         codes = [w.proc.poll() for w in self._workers]
@@ -264,8 +275,8 @@ class ProcessShards:
                             "next call starts new ones")
 
     def close(self) -> None:
-        """End the worker processes; a later call starts new ones."""
-        _close_all(self._workers)
+        """End the worker processes and free the blocks; a later call starts new ones."""
+        _close_all(self._workers, self._blocks)
 
     def __enter__(self) -> ProcessShards:
         return self
@@ -276,10 +287,14 @@ class ProcessShards:
 
 def batch_shards(count: int, parallel: str = "processes") -> ProcessShards | ThreadShards:
     """The trainer's way of sharing each batch among `count` workers: processes or threads
-    (`TrainConfig.threads` and `TrainConfig.parallel`). Both give the same numbers, bit for bit."""
+    (`TrainConfig.threads` and `TrainConfig.parallel`; threads where the system is not POSIX).
+    Both give the same numbers, bit for bit."""
     if parallel not in PARALLEL:
         raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
-    return ProcessShards(count) if parallel == "processes" else ThreadShards(count)
+    if parallel == "processes" and os.name == "posix":
+        return ProcessShards(count)
+    return ThreadShards(count)
 
 
-__all__ = ["Layout", "ProcessShards", "batch_shards", "layout_of", "serve", "views"]
+__all__ = ["Block", "Layout", "ProcessShards", "batch_shards", "layout_of", "new_block",
+           "serve", "views"]

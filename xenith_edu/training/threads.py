@@ -96,6 +96,10 @@ class ThreadShards:
             results += [f.result() for f in others]
         return average_shards(bounds, len(x), results)
 
+    def shared(self, params: Params) -> Params:
+        """`params` itself: threads read the caller's arrays (see `ProcessShards.shared`)."""
+        return params
+
     def close(self) -> None:
         """End the worker threads; later calls compute in the calling thread alone."""
         if self._pool is not None:
