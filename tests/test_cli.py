@@ -407,6 +407,62 @@ def test_sigterm_stops_like_ctrl_c_with_status_143(tmp_path):
     _no_leftovers(out)
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux's /proc)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _ended(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("how, status, said", [("term", 143, "stopped by SIGTERM"),
+                                              ("ctrl-c", 130, "interrupted")])
+def test_a_stopped_run_stops_its_worker_process(tmp_path, how, status, said):
+    """Two workers as processes (the book recipe's way): SIGTERM to the trainer, or Ctrl-C to
+    the whole process group as a terminal sends it. The worker ignores Ctrl-C, the trainer
+    stops it, and the run ends as with threads: its status, its one line, no leftovers."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "xenith_edu", "train", *QUICK, "--threads",
+                             "2", "--steps", "100000", "--eval-every", "5", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        for _ in range(1200):  # until the first checkpoint is written (at most 2 minutes)
+            if (out / "ckpt.npz").exists() or proc.poll() is not None:
+                break
+            threading.Event().wait(0.1)
+        workers = [k for k in _children(proc.pid)
+                   if b"shard_worker" in Path(f"/proc/{k}/cmdline").read_bytes()]
+        assert len(workers) == 1
+        if how == "term":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == status, err
+    assert all(_ended(w) for w in workers)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"xenith-edu train: {said}; the last good checkpoint is "), err
+    _no_leftovers(out)
+
+
 def test_sigterm_inside_a_checkpoint_write_waits_for_it(tmp_path, capsys, monkeypatch):
     """The kill lands in the middle of the second checkpoint's write: the write finishes, then
     the run stops, and the one line names that checkpoint, whole, with no temporary left."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gc
 import glob
+import io
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -16,11 +18,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 import xenith_edu.training.processes as processes_mod
 from xenith_edu import Config, init_params, loss_and_grads
 from xenith_edu.training import TrainConfig
-from xenith_edu.training.processes import ProcessShards, batch_shards, layout_of, views
+from xenith_edu.training.processes import (
+    ProcessShards,
+    batch_shards,
+    layout_of,
+    new_block,
+    serve,
+    views,
+)
 from xenith_edu.training.threads import ThreadShards
 
 CFG = Config(vocab_size=11, n_embd=16, n_head=2, n_layer=2, ffn_hidden=24, seq_len=8)
@@ -309,8 +319,9 @@ def test_shared_parameters_are_read_where_they_are_trained():
         shared = p.shared(params)
         assert all(shared[k] is not params[k] for k in params)
         assert all(np.array_equal(shared[k], params[k]) for k in params)
-        assert all(a is b for a, b in zip(p.shared(shared).values(), shared.values()))
-        for step in range(3):
+        assert all(a is b for a, b in zip(p.shared(shared).values(), shared.values(),
+                                          strict=True))
+        for _ in range(3):
             _same(p.loss_and_grads(shared, CFG, x, y), ThreadShards(2).loss_and_grads(
                 shared, CFG, x, y))
             for a in shared.values():
@@ -339,3 +350,64 @@ def test_no_descriptor_outlives_the_shards():
 def test_batch_shards_gives_threads_where_the_system_is_not_posix(monkeypatch):
     monkeypatch.setattr(processes_mod.os, "name", "nt")
     assert isinstance(batch_shards(2), ThreadShards)
+
+
+def _replies(data: bytes) -> list:
+    stream, out = io.BytesIO(data), []
+    while stream.tell() < len(data):
+        out.append(pickle.load(stream))
+    return out
+
+
+def test_the_worker_loop_answers_each_call_and_says_what_failed(monkeypatch):
+    """`serve` in this process: the worker's loop, fed a map request and four calls. It
+    answers each in turn, writes the gradients into its block, sends a picklable error back as
+    it is, and says what an error that cannot travel was."""
+    params = init_params(CFG, 1, np.float32)
+    layout = layout_of(params)
+    pb, gb = new_block(layout), new_block(layout)
+    for k in params:
+        pb.arrays[k][...] = params[k]
+    x, y = _batch(2)
+    real, calls = processes_mod.loss_and_grads, {"n": 0}
+
+    class Unpicklable(Exception):
+        def __init__(self):
+            super().__init__("cannot travel")
+            self.f = lambda: 0
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise Unpicklable
+        if calls["n"] == 4:
+            raise ValueError("a bad shard")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(processes_mod, "loss_and_grads", flaky)
+    msgs = [("map", (os.dup(pb.fd), layout), (os.dup(gb.fd), layout)), (1, CFG, x, y, False),
+            (2, None, x, y, True), (3, None, x, y, False), (4, None, x, y, False), None,
+            (5, None, x, y, False)]
+    out = io.BytesIO()
+    with threadpool_limits(limits=None):  # the worker's one-thread limit is undone after
+        serve(io.BytesIO(b"".join(pickle.dumps(m) for m in msgs)), out)
+    r1, r2, r3, r4 = _replies(out.getvalue())  # nothing after the stop
+    want = loss_and_grads(params, CFG, x, y, recompute=True)
+    assert r1 == (1, loss_and_grads(params, CFG, x, y)[0], None)
+    assert r2 == (2, want[0], None)
+    for k in want[1]:  # the block holds the last answered call's gradients
+        np.testing.assert_array_equal(gb.arrays[k], want[1][k], err_msg=k)
+    assert r3[:2] == (3, None) and isinstance(r3[2], RuntimeError)
+    assert "in a shard's worker: Unpicklable('cannot travel')" in str(r3[2])
+    assert r4[:2] == (4, None) and isinstance(r4[2], ValueError) and str(r4[2]) == "a bad shard"
+    os.close(pb.fd)
+    os.close(gb.fd)
+
+
+@pytest.mark.parametrize("first", [b"", b"not a pickle", pickle.dumps(("map",)),
+                                   pickle.dumps(None)])
+def test_the_worker_loop_ends_quietly_on_a_bad_start(first):
+    out = io.BytesIO()
+    with threadpool_limits(limits=None):
+        serve(io.BytesIO(first), out)
+    assert out.getvalue() == b""

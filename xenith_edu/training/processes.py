@@ -29,7 +29,7 @@ import sys
 import tempfile
 import weakref
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -81,7 +81,13 @@ def new_block(layout: Layout) -> Block:
     if os.access("/dev/shm", os.W_OK):
         folders.insert(0, "/dev/shm")
     for i, folder in enumerate(folders):
-        fd, path = tempfile.mkstemp(prefix="xenith-edu-shard-", dir=folder)
+        last = i == len(folders) - 1
+        try:
+            fd, path = tempfile.mkstemp(prefix="xenith-edu-shard-", dir=folder)
+        except OSError:
+            if last:
+                raise
+            continue
         os.unlink(path)  # no name to leave behind: the descriptor is the block
         try:
             if hasattr(os, "posix_fallocate"):
@@ -91,14 +97,14 @@ def new_block(layout: Layout) -> Block:
             return Block(fd, layout, views(mmap.mmap(fd, layout.nbytes), layout))
         except OSError:
             os.close(fd)
-            if i == len(folders) - 1:
+            if last:
                 raise
     raise AssertionError("unreachable")
 
 
 # -- the worker's side ----------------------------------------------------------------------
 
-def serve(inp, out) -> None:
+def serve(inp: BinaryIO, out: BinaryIO) -> None:
     """A worker's loop on the binary streams `inp` and `out`: one request, one reply, until
     the caller says stop or goes away. The first request is ("map", p, g): the descriptors and
     layouts of the parameters' and the gradients' blocks; then (seq, cfg, x, y, recompute) for
@@ -133,7 +139,12 @@ def serve(inp, out) -> None:
         except Exception as e:  # noqa: BLE001 -- any failure goes back to the caller
             reply = (seq, None, e)
         try:
-            pickle.dump(reply, out, protocol=pickle.HIGHEST_PROTOCOL)
+            data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001 -- an error that cannot travel: say what it was
+            data = pickle.dumps((seq, None, RuntimeError(f"in a shard's worker: {reply[2]!r} "
+                                                         f"({e})")))
+        try:
+            out.write(data)
             out.flush()
         except (BrokenPipeError, OSError):
             return
@@ -160,7 +171,11 @@ class _Worker:
                                "batch among threads instead (parallel='threads')") from e
         self.cfg: Config | None = None
         self.seq = 0
-        self.send(("map", (params.fd, params.layout), (self.grads.fd, params.layout)))
+        try:
+            self.send(("map", (params.fd, params.layout), (self.grads.fd, params.layout)))
+        except BaseException:  # it died at once, or we were interrupted: leave nothing behind
+            self.close()
+            raise
 
     def send(self, msg: object) -> None:
         pickle.dump(msg, self.proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
