@@ -2,7 +2,7 @@
 log), the threads, worker processes and MPI ranks that share a batch.
 
 Imports run down only: this floor uses `xenith_edu.model`, the components and `xenith_edu.tools`.
-`parallel` (MPI) is not imported here: a single-process run never needs mpi4py.
+`parallel` (MPI) is not imported here: a run without MPI never needs mpi4py.
 """
 
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint

@@ -89,9 +89,9 @@ class TrainConfig:
     eval_every: int = setting(250, "loop", "evaluate and save a checkpoint every N steps")
     eval_batches: int = setting(200, "loop", "batches of fixed windows per evaluation")
     seed: int = setting(1337, "loop", "seed of the initial weights and of the batches")
-    threads: int = setting(2, "loop", "workers that share each batch in a single-process run, "
-                           "one BLAS thread each (1: one worker, BLAS threads the products); "
-                           "under mpiexec each rank uses one")
+    threads: int = setting(2, "loop", "workers that share each batch, one BLAS thread each (1: "
+                           "one worker, BLAS threads the products); under mpiexec each rank is "
+                           "one worker")
     parallel: str = setting("processes", "loop", "how those workers run: processes (an "
                             "interpreter each, no lock between them: the faster) or threads (of "
                             "one interpreter); the same numbers either way")

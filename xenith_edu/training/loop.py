@@ -33,7 +33,7 @@ from .runlog import (
 )
 from .step import Params, TrainingDiverged, evaluate, train_step
 
-if TYPE_CHECKING:  # parallel.py imports mpi4py, which a single-process run never needs
+if TYPE_CHECKING:  # parallel.py imports mpi4py, which a run without MPI never needs
     from .checkpoint import Checkpoint
     from .parallel import DataParallel
 
