@@ -122,9 +122,11 @@ def test_the_workers_see_each_calls_parameters_and_model(shards):
 def test_the_mapped_files_leave_no_name_behind(shards):
     params = init_params(CFG, 1, np.float32)
     x, y = _batch(6)
-    shards.loss_and_grads(params, CFG, x, y)
+    before = set(_shard_files())  # (a process killed inside mkstemp's instant may leave one)
+    shards.close()
+    shards.loss_and_grads(params, CFG, x, y)  # new blocks, new workers
     assert shards._workers and all(w.proc.poll() is None for w in shards._workers)
-    assert _shard_files() == []  # removed as soon as the workers had mapped them
+    assert set(_shard_files()) <= before  # each removed as soon as it was made
 
 
 def test_a_full_dev_shm_falls_back_to_the_temporary_folder(monkeypatch):
@@ -146,7 +148,6 @@ def test_a_full_dev_shm_falls_back_to_the_temporary_folder(monkeypatch):
         got = p.loss_and_grads(params, CFG, x, y)
     _same(got, ThreadShards(2).loss_and_grads(params, CFG, x, y))
     assert any(s.startswith(tempfile.gettempdir()) for s in seen)
-    assert _shard_files() == []
 
 
 def test_close_ends_the_workers_and_a_later_call_starts_new_ones():
