@@ -6,8 +6,10 @@ from __future__ import annotations
 import gc
 import glob
 import io
+import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
+from threadpoolctl import threadpool_info, threadpool_limits
 
 import xenith_edu.training.processes as processes_mod
 from xenith_edu import Config, init_params, loss_and_grads
@@ -75,7 +77,7 @@ def shards():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("B, count", [(6, 2), (5, 2), (7, 3), (3, 5), (4, 1), (1, 2)])
+@pytest.mark.parametrize("B, count", [(6, 2), (5, 2), (7, 3), (3, 5), (4, 1), (2, 2), (1, 2)])
 @pytest.mark.parametrize("recompute", [False, True])
 def test_processes_give_the_threads_numbers_bit_for_bit(dtype, B, count, recompute):
     """Equal and unequal shards, one shard, more workers than windows: the same bits as the
@@ -147,7 +149,59 @@ def test_a_full_dev_shm_falls_back_to_the_temporary_folder(monkeypatch):
     with ProcessShards(2) as p:
         got = p.loss_and_grads(params, CFG, x, y)
     _same(got, ThreadShards(2).loss_and_grads(params, CFG, x, y))
+    if os.access("/dev/shm", os.W_OK):  # memory is tried first, where the system has it
+        assert seen[0].startswith("/dev/shm/")
     assert any(s.startswith(tempfile.gettempdir()) for s in seen)
+
+
+@pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="no writable /dev/shm here")
+@pytest.mark.parametrize("fallocate", [True, False])  # False: a system without it (macOS)
+def test_a_block_lives_in_memory_where_the_system_has_room(monkeypatch, fallocate):
+    if not fallocate:
+        monkeypatch.delattr(os, "posix_fallocate", raising=False)
+    layout = layout_of({"w": np.zeros(1000, np.float32), "b": np.zeros(3, np.float64)})
+    block = new_block(layout)
+    try:
+        where = os.readlink(f"/proc/self/fd/{block.fd}")  # a removed file's name, noted
+        assert where.startswith("/dev/shm/xenith-edu-shard-") and where.endswith(" (deleted)")
+        assert os.fstat(block.fd).st_size == layout.nbytes == 4096  # 4032 + 64
+        block.arrays["b"][...] = 7.0
+        assert os.pread(block.fd, 8, 4032) == np.float64(7.0).tobytes()  # the file is the block
+    finally:
+        os.close(block.fd)
+
+
+def test_a_folder_that_takes_no_file_is_passed_over(monkeypatch):
+    real = tempfile.mkstemp
+
+    def mkstemp(prefix, dir):
+        if dir == "/dev/shm":
+            raise PermissionError(13, "Permission denied")
+        return real(prefix=prefix, dir=dir)
+
+    monkeypatch.setattr(processes_mod.tempfile, "mkstemp", mkstemp)
+    block = new_block(layout_of({"w": np.zeros(10, np.float32)}))
+    try:
+        assert os.readlink(f"/proc/self/fd/{block.fd}").startswith(tempfile.gettempdir())
+    finally:
+        os.close(block.fd)
+
+
+@pytest.mark.parametrize("where", ["fallocate", "mkstemp"])
+def test_no_room_anywhere_is_the_systems_own_error(monkeypatch, where):
+    def no_room(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    if where == "fallocate":
+        monkeypatch.setattr(os, "posix_fallocate", no_room, raising=False)
+        monkeypatch.setattr(os, "ftruncate", no_room)
+    else:
+        monkeypatch.setattr(processes_mod.tempfile, "mkstemp", no_room)
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError) as e:
+        new_block(layout_of({"w": np.zeros(10, np.float32)}))
+    assert e.value.errno == 28
+    assert set(os.listdir("/proc/self/fd")) <= before
 
 
 def test_close_ends_the_workers_and_a_later_call_starts_new_ones():
@@ -185,6 +239,21 @@ def test_a_killed_worker_fails_the_call_clearly_and_the_next_call_recovers():
             p.loss_and_grads(params, CFG, x, y)
         assert p._workers == []
         _same(p.loss_and_grads(params, CFG, x, y), want)
+
+
+def test_a_reply_to_another_call_is_refused(monkeypatch):
+    """A reply must answer the call just sent: one numbered otherwise fails the call, and the
+    workers are stopped (their pipes can no longer be trusted)."""
+    params = init_params(CFG, 1, np.float32)
+    x, y = _batch(4)
+    with ProcessShards(2) as p:
+        p.loss_and_grads(params, CFG, x, y)
+        w = p._workers[0]
+        real = w.receive
+        monkeypatch.setattr(w, "receive", lambda: (w.seq + 1, *real()[1:]))
+        with pytest.raises(RuntimeError, match=r"^a shard's worker answered call 3 to call 2$"):
+            p.loss_and_grads(params, CFG, x, y)
+        assert p._workers == [] and w.proc.poll() is not None
 
 
 def test_an_error_in_a_workers_shard_is_raised_in_the_caller():
@@ -383,6 +452,7 @@ def test_the_worker_loop_answers_each_call_and_says_what_failed(monkeypatch):
 
     def flaky(*args, **kwargs):
         calls["n"] += 1
+        calls.setdefault("recompute", []).append(kwargs.get("recompute"))
         if calls["n"] == 3:
             raise Unpicklable
         if calls["n"] == 4:
@@ -396,6 +466,9 @@ def test_the_worker_loop_answers_each_call_and_says_what_failed(monkeypatch):
     out = io.BytesIO()
     with threadpool_limits(limits=None):  # the worker's one-thread limit is undone after
         serve(io.BytesIO(b"".join(pickle.dumps(m) for m in msgs)), out)
+        blas = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    assert blas and set(blas) == {1}  # a worker's products run on one core
+    assert calls["recompute"] == [False, True, False, False]  # each call's own setting
     r1, r2, r3, r4 = _replies(out.getvalue())  # nothing after the stop
     want = loss_and_grads(params, CFG, x, y, recompute=True)
     assert r1 == (1, loss_and_grads(params, CFG, x, y)[0], None)
@@ -409,10 +482,69 @@ def test_the_worker_loop_answers_each_call_and_says_what_failed(monkeypatch):
     os.close(gb.fd)
 
 
+_NO_BLOCK = (-1, layout_of({}))  # a request to map it would fail: -1 is no descriptor
+
+
 @pytest.mark.parametrize("first", [b"", b"not a pickle", pickle.dumps(("map",)),
+                                   pickle.dumps(("unmap", _NO_BLOCK, _NO_BLOCK)),
                                    pickle.dumps(None)])
 def test_the_worker_loop_ends_quietly_on_a_bad_start(first):
     out = io.BytesIO()
     with threadpool_limits(limits=None):
         serve(io.BytesIO(first), out)
     assert out.getvalue() == b""
+
+
+def test_a_worker_runs_its_callers_copy_of_the_package_and_keeps_its_path(tmp_path):
+    """The worker imports the package from where its caller found it (here a copy found by
+    sys.path alone, while the installed one stays importable), with the caller's PYTHONPATH
+    after it: the copy's worker module notes the worker's sys.path."""
+    pkg, extra = tmp_path / "pkg", tmp_path / "extra"
+    shutil.copytree(ROOT / "xenith_edu", pkg / "xenith_edu",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    extra.mkdir()
+    worker = pkg / "xenith_edu" / "training" / "shard_worker.py"
+    worker.write_text(worker.read_text().replace("def main() -> None:", textwrap.dedent(f"""\
+        import json as _json
+        open({str(tmp_path / "ran.json")!r}, "w").write(_json.dumps(sys.path))
+
+
+        def main() -> None:""")))
+    script = _script(tmp_path, "print(got[0] > 0)\n").read_text()
+    script = script.replace(repr(str(ROOT)), repr(str(pkg)))
+    (tmp_path / "script.py").write_text(script)
+    env = {**_env(), "PYTHONPATH": str(extra)}
+    out = subprocess.run([sys.executable, str(tmp_path / "script.py")], capture_output=True,
+                         text=True, cwd=tmp_path, env=env, timeout=120)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "True\n", "")
+    path = json.loads((tmp_path / "ran.json").read_text())  # the copy's worker ran
+    assert str(pkg) in path and str(extra) in path
+    assert path.index(str(pkg)) < path.index(str(extra))
+
+
+def test_a_worker_that_cannot_start_says_what_to_do(monkeypatch):
+    def no_fork(*args, **kwargs):
+        raise OSError(11, "Resource temporarily unavailable")
+
+    before = set(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(processes_mod.subprocess, "Popen", no_fork)
+    p = ProcessShards(2)
+    with pytest.raises(RuntimeError) as e:
+        p.loss_and_grads(init_params(CFG, 1, np.float32), CFG, *_batch(4))
+    assert str(e.value) == ("cannot start a worker process for the shards ([Errno 11] Resource "
+                            "temporarily unavailable); share the batch among threads instead "
+                            "(parallel='threads')")
+    p.close()
+    del p, e  # (a mapping holds a descriptor of its own until nothing holds its arrays)
+    gc.collect()
+    assert set(os.listdir("/proc/self/fd")) <= before  # the worker's gradient block is closed
+
+
+def test_a_worker_that_does_not_stop_is_killed(monkeypatch):
+    p = ProcessShards(2)
+    p.loss_and_grads(init_params(CFG, 1, np.float32), CFG, *_batch(4))
+    proc = p._workers[0].proc
+    os.kill(proc.pid, signal.SIGSTOP)  # it can read no stop request now
+    monkeypatch.setattr(processes_mod, "_STOP_WAIT", 0.2)
+    p.close()
+    assert proc.returncode == -signal.SIGKILL and p._workers == []

@@ -41,6 +41,7 @@ from .threads import Params, ThreadShards, average_shards, check_count, shard_bo
 # Shape legend: B batch (windows), S positions.
 
 _ALIGN = 64  # each array starts on a cache line of its own
+_STOP_WAIT = 5.0  # seconds a worker has to end once told to stop; then it is killed
 
 
 class Layout(NamedTuple):
@@ -114,8 +115,10 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
     keep_freed_memory()
     ThreadpoolController().limit(limits=1, user_api="blas")  # one core, for the worker's life
     try:
-        _, (p_fd, p_layout), (g_fd, g_layout) = pickle.load(inp)
+        tag, (p_fd, p_layout), (g_fd, g_layout) = pickle.load(inp)
     except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
+        return
+    if tag != "map":  # not a caller of this protocol: nothing to map, nothing to answer
         return
     params = views(mmap.mmap(p_fd, p_layout.nbytes), p_layout)
     grads = views(mmap.mmap(g_fd, g_layout.nbytes), g_layout)
@@ -191,7 +194,7 @@ class _Worker:
         except (BrokenPipeError, OSError, ValueError):
             pass
         try:
-            self.proc.wait(timeout=5)
+            self.proc.wait(timeout=_STOP_WAIT)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
