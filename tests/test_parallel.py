@@ -4,9 +4,13 @@ The runs go through `mpiexec` (the `mpi` extra's MPICH) in a subprocess with a t
 a rank that hangs fails the test instead of blocking the suite.
 """
 
+import contextlib
+import glob
+import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,8 +35,42 @@ def mpiexec(k, *args, mode="none", bad_rank=0, cwd=None):
     assert MPIEXEC, "mpiexec is missing: install the mpi extra (pip install -e '.[mpi]')"
     cmd = [MPIEXEC, "-n", str(k), sys.executable, str(WORKER), mode, str(bad_rank), "train",
            *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT, cwd=cwd,
-                          stdin=subprocess.DEVNULL)
+    before = set(glob.glob(MPICH_SHM))
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT, cwd=cwd,
+                              stdin=subprocess.DEVNULL)
+    finally:
+        _remove_orphans(set(glob.glob(MPICH_SHM)) - before)
+
+
+MPICH_SHM = "/dev/shm/mpich_shm_*"  # MPICH's shared memory: a job whose ranks are killed
+# (the failure tests below) leaves its files behind, 2 MiB each
+
+
+def _mapped() -> set[str]:
+    """The MPICH files that live processes map."""
+    mapped = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                mapped.update(line.split(None, 5)[-1].strip() for line in f if "mpich" in line)
+        except OSError:  # the process ended meanwhile, or is not ours to read
+            continue
+    return mapped
+
+
+def _remove_orphans(paths: set[str], wait: float = 5.0) -> None:
+    """Remove the files of `paths` (made during one run) once no live process maps them; a
+    killed rank may still be ending when the launcher returns, so wait a little for it."""
+    end = time.monotonic() + wait
+    while paths:
+        for path in paths - _mapped():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            paths.discard(path)
+        if time.monotonic() > end:
+            break
+        time.sleep(0.1)
 
 
 def evals(out):
