@@ -31,6 +31,10 @@ RUN = ["--preset", "small", "--steps", "40", "--eval-every", "20", "--no-progres
 TARGET = 2e-4  # max |validation-loss difference| after 40 steps (float32 rounding is ~1e-6)
 
 
+MPICH_SHM = "/dev/shm/mpich_shm_*"  # MPICH's shared memory: a job whose ranks are killed
+# (the failure tests below) leaves its files behind, 2 MiB each
+
+
 def mpiexec(k, *args, mode="none", bad_rank=0, cwd=None):
     assert MPIEXEC, "mpiexec is missing: install the mpi extra (pip install -e '.[mpi]')"
     cmd = [MPIEXEC, "-n", str(k), sys.executable, str(WORKER), mode, str(bad_rank), "train",
@@ -41,10 +45,6 @@ def mpiexec(k, *args, mode="none", bad_rank=0, cwd=None):
                               stdin=subprocess.DEVNULL)
     finally:
         _remove_orphans(set(glob.glob(MPICH_SHM)) - before)
-
-
-MPICH_SHM = "/dev/shm/mpich_shm_*"  # MPICH's shared memory: a job whose ranks are killed
-# (the failure tests below) leaves its files behind, 2 MiB each
 
 
 def _mapped() -> set[str]:
