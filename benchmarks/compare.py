@@ -7,6 +7,8 @@ learner's notebook calls `loss_and_grads`) and with the trainer's settings (`ste
 its process setting `keep_freed_memory`, and its threads sharing the batch, one BLAS thread each).
 Each NumPy run also times the step's own matrix products alone, the same shapes in the same
 threads (`step.py --limit`): the machine's limit for that step, and the BLAS kernel that ran it.
+Under each of issue 29's targets against PyTorch it prints what the target leaves for the
+step's work other than its products, or that the products alone take longer than it allows.
 
 Kernels: the one the environment sets (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE, if set), and
 OpenBLAS's own choice (both variables removed, in the child processes only), which is what a
@@ -157,6 +159,26 @@ def report_kernel(args: argparse.Namespace, results: dict, med: dict, label: str
             value = med[key][field] / (med[key]["limit_ms"] if den == "limit" else med[den][field])
             print(f"target: {a} / {den}, fwd + bwd, at most {most}: {value:.2f} "
                   f"{'met' if value <= most else 'not met'}")
+            if den != "limit":
+                print(f"  {budget(med[key], med[den][field], most)}")
+
+
+def budget(numpy: dict, theirs_ms: float, most: float) -> str:
+    """What a target against PyTorch leaves for the step's work other than its products.
+
+    `most` times PyTorch's median is the time the NumPy step may take; its own products alone
+    (its limit, the same shapes in the same threads) take `numpy["limit_ms"]` of it whatever
+    the rest of the step does. So the target is within reach of the element-wise work and
+    Python only if the products leave room; if not, only faster products could meet it.
+    """
+    allowed, limit = most * theirs_ms, numpy["limit_ms"]
+    rest = numpy["step_ms"] - limit
+    head = f"{most} of PyTorch's step is {allowed:.2f} ms; its products alone take {limit:.2f}"
+    if limit >= allowed:
+        return (f"{head}: out of reach for any change but faster products "
+                f"(the rest of the step, {rest:.2f} ms now, would have to take none)")
+    return (f"{head}: the rest of the step (element-wise work and Python, {rest:.2f} ms now) "
+            f"would have to fit in {allowed - limit:.2f} ms ({(allowed - limit) / rest:.2f} of it)")
 
 
 def main() -> None:

@@ -95,3 +95,13 @@ def test_the_benchmarks_pytorch_model_is_the_books_model(kv_heads):
     tables = torch_model.rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
     for t, ref in zip(tables, (cos, sin), strict=True):
         assert t.dtype == torch.float32 and np.abs(t.numpy() - ref).max() < 1e-6
+
+
+def test_budget_says_whether_the_products_leave_room():
+    # 0.55 of 40 ms is 22 ms: products of 18 ms leave 4 ms for a rest that takes 8
+    room = compare.budget({"step_ms": 26.0, "limit_ms": 18.0}, 40.0, 0.55)
+    assert "22.00 ms" in room and "18.00" in room
+    assert "fit in 4.00 ms (0.50 of it)" in room and "out of reach" not in room
+    # products of 23 ms alone are over the 22 allowed: nothing but faster products helps
+    none = compare.budget({"step_ms": 30.0, "limit_ms": 23.0}, 40.0, 0.55)
+    assert "out of reach" in none and "7.00 ms now" in none
