@@ -177,6 +177,9 @@ def budget(numpy: dict, theirs_ms: float, most: float) -> str:
     if limit >= allowed:
         return (f"{head}: out of reach for any change but faster products "
                 f"(the rest of the step, {rest:.2f} ms now, would have to take none)")
+    if numpy["step_ms"] <= allowed:  # met (with timing noise the rest can even look negative)
+        return (f"{head}: met, the rest of the step takes {rest:.2f} ms "
+                f"of the {allowed - limit:.2f} left")
     return (f"{head}: the rest of the step (element-wise work and Python, {rest:.2f} ms now) "
             f"would have to fit in {allowed - limit:.2f} ms ({(allowed - limit) / rest:.2f} of it)")
 

@@ -105,3 +105,6 @@ def test_budget_says_whether_the_products_leave_room():
     # products of 23 ms alone are over the 22 allowed: nothing but faster products helps
     none = compare.budget({"step_ms": 30.0, "limit_ms": 23.0}, 40.0, 0.55)
     assert "out of reach" in none and "7.00 ms now" in none
+    # a step within the target is said to be, even when noise puts it below its products
+    met = compare.budget({"step_ms": 17.5, "limit_ms": 18.0}, 40.0, 0.55)
+    assert met.endswith("met, the rest of the step takes -0.50 ms of the 4.00 left")
