@@ -22,7 +22,7 @@ class SoftmaxCECache(NamedTuple):
     """What `softmax_ce_backward` needs: p - onehot(y) is the whole gradient, up to 1/N."""
 
     p: np.ndarray  # (..., V) the probabilities with 1 taken off at each target, 0 where ignored
-    count: int  # N, the positions the mean is over (those not ignored)
+    positions: int  # N, the positions the mean is over (those not ignored)
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -76,13 +76,19 @@ def softmax_ce_forward(
 def softmax_ce_backward(dloss: float, cache: SoftmaxCECache) -> np.ndarray:
     """dlogits (..., V) given the loss's gradient `dloss` (1.0 when it is the objective).
 
-    dlogits = dloss * (softmax(logits) - onehot(y)) / N; it reuses the cache's array.
+    dlogits = dloss * (softmax(logits) - onehot(y)) / N, in a new array: the cache is left as
+    it was, so a second call gives the same gradient.
     """
-    dlogits = cache.p
+    return _scaled(dloss, cache, empty_like(cache.p))
+
+
+def _scaled(dloss: float, cache: SoftmaxCECache, out: np.ndarray) -> np.ndarray:
+    """dloss * cache.p / N written into `out` (..., V), which may be cache.p itself."""
     if dloss != 1.0:
-        dlogits *= dloss
-    dlogits /= max(cache.count, 1)  # a division, as the chapter writes it: the same bits
-    return dlogits
+        np.multiply(cache.p, dloss, out=out)
+        out /= max(cache.positions, 1)  # a division, as the chapter writes it: the same bits
+        return out
+    return np.divide(cache.p, max(cache.positions, 1), out=out)
 
 
 def softmax_cross_entropy(
@@ -95,4 +101,4 @@ def softmax_cross_entropy(
     See the softmax cross-entropy chapter.
     """
     loss, cache = softmax_ce_forward(logits, targets, ignore_index)
-    return loss, softmax_ce_backward(1.0, cache)
+    return loss, _scaled(1.0, cache, out=cache.p)  # the cache is ours alone: reuse its array
