@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test lint notebooks bench mutants lab clean
+.PHONY: book test test-fast typecheck lint notebooks bench mutants lab clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,11 +18,21 @@ $(STAMP): pyproject.toml
 book: $(STAMP)
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
-## test: lint, unit tests, notebooks (nbval) and the browser test of the built book
+## test: lint, types, unit tests, notebooks (nbval) and the browser test of the built book
 test: $(STAMP)
 	$(BIN)/ruff check xenith_edu tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/python -m pytest --nbval --nbval-current-env \
 		--nbval-sanitize-with notebooks/sanitize.cfg tests notebooks
+
+## test-fast: the components, the model, the exercise checks and the floors, in well under a
+## minute: the areas are tests/conftest.py's FAST (the GitHub workflow runs the same command)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --fast tests
+
+## typecheck: mypy on the files listed in pyproject.toml's [tool.mypy]
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 lint: $(STAMP)
 	$(BIN)/ruff check xenith_edu tests benchmarks

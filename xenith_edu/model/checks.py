@@ -30,7 +30,7 @@ def check_params(params: dict, cfg: Config) -> np.dtype:
         if p.dtype != dtype or dtype not in (np.float32, np.float64):
             raise TypeError(f"params['{k}'] has dtype {p.dtype}; all must share one dtype, "
                             "float32 or float64")
-    return dtype
+    return np.dtype(dtype)  # not None: every parameter has it
 
 
 def check_tokens(name: str, t: object, cfg: Config) -> np.ndarray:

@@ -11,9 +11,10 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and `kill` (a time limit, docker stop)
+# Ctrl-C, and `kill` (a time limit, docker stop)
+HELD_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
 _holding = threading.local()  # whether the main thread is inside `interrupts_held` already
 
 
@@ -30,7 +31,7 @@ def interrupts_held() -> Iterator[None]:
         yield
         return
     came: list[tuple[int, object]] = []
-    previous = {}
+    previous: dict[int, Any] = {}  # signal number -> the handler it had
     _holding.on = True
     try:
         for s in HELD_SIGNALS:
@@ -54,7 +55,7 @@ def _deliver(signum: int, frame: object, handler: object) -> None:
         signal.raise_signal(signum)
 
 
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object]) -> None:
     """Call write(f) on a temporary file next to `path`, then rename it onto `path`.
 
     A crash or an error mid-write leaves any previous file at `path` untouched and no temporary
@@ -67,7 +68,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
         _write_then_rename(path, write)
 
 
-def _write_then_rename(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+def _write_then_rename(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     tmp = None
     try:
         while tmp is None:

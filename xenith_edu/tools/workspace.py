@@ -20,6 +20,7 @@ import sys
 import threading
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 _LIMIT_BYTES = 512 * 2**20  # beyond this the workspace stops keeping new arrays
 
@@ -61,7 +62,7 @@ class Workspace:
         self.nbytes = 0  # bytes held, free or in use
         self.limit_bytes = limit_bytes
 
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
         if type(shape) is not tuple:
             shape = tuple(shape)
         key = (shape, dtype)  # as the caller spells it: a step asks with the same spelling
@@ -97,7 +98,7 @@ def workspace() -> Workspace:
     return ws
 
 
-def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+def empty(shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
     """An uninitialized array from this thread's workspace, like `np.empty(shape, dtype)`."""
     ws = getattr(_local, "ws", None) or workspace()
     return ws.empty(shape, dtype)
