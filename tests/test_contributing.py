@@ -90,3 +90,26 @@ def test_the_type_checker_reads_every_tool_and_component() -> None:
     must = {p.relative_to(ROOT).as_posix() for pattern in ("xenith_edu/*.py",
             "xenith_edu/tools/*.py") for p in ROOT.glob(pattern)}
     assert sorted(must - set(files)) == []
+
+
+def make_recipe(target: str) -> list[str]:
+    """The command lines of a Makefile target, with $(BIN)/ taken off."""
+    lines = (ROOT / "Makefile").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{target}:"))
+    recipe = []
+    for line in lines[start + 1:]:
+        if not line.startswith("\t"):
+            break
+        recipe.append(line.strip().replace("$(BIN)/", ""))
+    return recipe
+
+
+def test_the_workflow_runs_what_make_test_fast_and_make_typecheck_run() -> None:
+    workflow = (ROOT / ".github" / "workflows" / "tests.yml").read_text(encoding="utf-8")
+    runs = {line.strip()[len("run: "):] for line in workflow.splitlines()
+            if line.strip().startswith("run: ")}
+    (fast,) = make_recipe("test-fast")
+    (types,) = make_recipe("typecheck")
+    assert fast in runs and f"python -m {types}" in runs, (fast, types, runs)
+    assert types in make_recipe("test")[:2]  # before pytest
+    assert "make test" in workflow and "windows-latest" in workflow and "macos-latest" in workflow
