@@ -4,8 +4,15 @@ also carries its area's marker (`pytest -m model tests`)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -49,11 +56,80 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+class ChapterRuns(NamedTuple):
+    """tests/chapter_runs.py at work in a process of its own."""
+
+    proc: subprocess.Popen
+    out: Path  # its folder: runs.json when it is done, log.txt
+
+
+RUNS = pytest.StashKey[ChapterRuns]()
+NEEDS_CHAPTERS = {"chapter_runs", "full_runs", "student_runs"}
+
+
+def _start_chapter_runs(config: pytest.Config) -> ChapterRuns:
+    out = Path(tempfile.mkdtemp(prefix="xenith-edu-chapters-"))
+    with open(out / "log.txt", "wb") as log:
+        proc = subprocess.Popen([sys.executable, str(HERE / "chapter_runs.py"), str(out)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    config.stash[RUNS] = ChapterRuns(proc, out)
+    return config.stash[RUNS]
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they deselect
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The areas' markers; and when a test reads the chapters' runs, those runs start now, in
+    a process of their own, and the tests that read them go last: the rest run meanwhile."""
     for item in items:
         area = area_of(Path(str(item.path)))
         if area is not None:
             item.add_marker(getattr(pytest.mark, area))
+    needs = [i for i in items if NEEDS_CHAPTERS & set(getattr(i, "fixturenames", ()))]
+    if needs and not config.getoption("collectonly"):
+        late = set(needs)
+        items[:] = [i for i in items if i not in late] + needs
+        _start_chapter_runs(config)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The chapters' runs end with the session (stopped, if it was cut short); no file stays."""
+    runs = session.config.stash.get(RUNS, None)
+    if runs is None:
+        return
+    if runs.proc.poll() is None:
+        os.killpg(runs.proc.pid, signal.SIGTERM)  # its own session: it and its kernels
+        runs.proc.wait()
+    shutil.rmtree(runs.out, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def chapter_runs(request: pytest.FixtureRequest) -> dict:
+    """{"full": slug -> FullRun, "student": slug -> StudentRun}: the chapters' one run each,
+    made by tests/chapter_runs.py in a process of its own, started when the session began."""
+    import chapter_runs  # here, not at the top: --fast needs no notebook machinery
+
+    runs = request.config.stash.get(RUNS, None) or _start_chapter_runs(request.config)
+    runs.proc.wait()
+    done = runs.out / "runs.json"
+    if runs.proc.returncode != 0 or not done.exists():
+        said = (runs.out / "log.txt").read_text(encoding="utf-8", errors="replace")
+        pytest.fail(f"the chapters' runs failed (exit {runs.proc.returncode}):\n{said[-4000:]}")
+    got = json.loads(done.read_text(encoding="utf-8"))
+    return {"full": {k: chapter_runs.FullRun(**v) for k, v in got["full"].items()},
+            "student": {k: chapter_runs.StudentRun(**v) for k, v in got["student"].items()}}
+
+
+@pytest.fixture(scope="session")
+def full_runs(chapter_runs: dict) -> dict:
+    """slug -> nbval's verdict on the full chapter, run once with the wheel (chapter_runs.py)."""
+    return chapter_runs["full"]
+
+
+@pytest.fixture(scope="session")
+def student_runs(chapter_runs: dict) -> dict:
+    """slug -> the student version's one run from an empty folder with the wheel."""
+    return chapter_runs["student"]
 
 
 @pytest.fixture

@@ -1,35 +1,29 @@
 """Chapters run from any folder: what they read is package data, never a path of the repository.
-Every chapter, full and student, runs top to bottom in an empty folder outside the repository
-with the package installed from its built wheel (no clone on the path); the training chapter's
-long cells are left out. In the grader's sandbox, the full chapters pass every exercise
-(test_grading_book.py) and the student copies, handed in untouched, give "not attempted" rows
-and no notebook error.
+Every chapter, full and student, runs top to bottom in a folder of its own outside the repository
+with the package installed from its built wheel (no clone on the path): the full version under
+nbval, the student version with its checks' verdicts logged; each runs once per test session
+(conftest.py, chapter_runs.py), and test_classroom.py reads the same student runs. In the
+grader's sandbox, the full chapters pass every exercise (test_grading_book.py) and the student
+copies, handed in untouched, give "not attempted" rows and no notebook error.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from xenith_edu import chapters
 from xenith_edu.classroom import grade
-from xenith_edu.classroom.student import SETUP_TAG, make_student_versions
+from xenith_edu.classroom.student import make_student_versions
 from xenith_edu.exercises import CHECKS
 
 ROOT = Path(__file__).resolve().parents[1]
 # a string literal in a chapter's code that names a file of the repository, not of the package
 REPO_PATH = re.compile(r"""["'](\.\./|\./|runs/|benchmarks/|notebooks/|tests/)""")
-# the training chapter trains for a minute: of it, the first code cell (the imports), the setup
-# cell and the cells that read the shipped run
-READS_SHIPPED = re.compile(r"\b(shipped|book_run)\b")
 
 
 def code_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
@@ -50,62 +44,25 @@ def test_the_check_finds_a_repository_path() -> None:
     assert not REPO_PATH.search('shipped("memory.json")')
 
 
-def shortened(nb: nbformat.NotebookNode, slug: str) -> nbformat.NotebookNode:
-    """The training chapter without its long cells; any other chapter whole."""
-    if slug != "training":
-        return nb
-    first = code_cells(nb)[0] if SETUP_TAG not in code_cells(nb)[0].metadata.get("tags", []) \
-        else code_cells(nb)[1]
-    nb.cells = [cell for cell in nb.cells if cell.cell_type == "code" and (
-        cell is first or SETUP_TAG in cell.metadata.get("tags", [])
-        or READS_SHIPPED.search(cell.source))]
-    assert len(nb.cells) >= 4, "the training chapter no longer reads its shipped run"
-    return nb
-
-
-@pytest.fixture(scope="module")
-def wheel_site(tmp_path_factory) -> Path:
-    """The package as `pip install` of its built wheel puts it: a folder holding only it."""
-    out = tmp_path_factory.mktemp("wheel")
-    # built from a copy of what the wheel is made of: the build leaves nothing in the clone
-    src = out / "src"
-    shutil.copytree(ROOT / "xenith_edu", src / "xenith_edu",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-             "--no-index", "-q", "-w", str(out / "dist"), str(src)]
-    subprocess.run(build, check=True, capture_output=True, cwd=out)
-    (wheel,) = (out / "dist").glob("xenith_edu-*.whl")
-    site = out / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
-                    "--target", str(site), str(wheel)], check=True, capture_output=True, cwd=out)
-    return site
-
-
-# the first cell of every run: the package must be the wheel's, not the clone's
-WHICH_PACKAGE = """import xenith_edu, pathlib
-here = pathlib.Path(xenith_edu.__file__).resolve()
-assert here.is_relative_to(pathlib.Path({site!r}).resolve()), here"""
-
-
-@pytest.mark.parametrize("version", ["full", "student"])
 @pytest.mark.parametrize("slug", [c.slug for c in chapters.CHAPTERS])
-def test_chapter_runs_from_an_empty_folder_with_the_wheel(slug: str, version: str,
-                                                          wheel_site: Path,
-                                                          tmp_path: Path) -> None:
-    path = ROOT / f"{chapters.chapter(slug).notebook}.ipynb"
-    if version == "student":
-        (path,) = make_student_versions(path, tmp_path / "student")
-    nb = shortened(nbformat.read(str(path), as_version=4), slug)
-    nb.cells.insert(0, nbformat.v4.new_code_cell(WHICH_PACKAGE.format(site=str(wheel_site))))
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(wheel_site)
-    NotebookClient(nb, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(empty)}}).execute(env=env, cwd=str(empty))
-    assert list(empty.iterdir()) == [], f"{slug} wrote into the working folder"
+def test_full_chapter_agrees_with_its_outputs_from_a_folder_of_its_own_with_the_wheel(
+        slug: str, full_runs: dict) -> None:
+    """nbval's run of the chapter (conftest.py's `full_runs`, the chapter's one full run):
+    every stored output agrees, the package is the wheel's, and nothing is written."""
+    run = full_runs[slug]
+    assert run.failures == [], "\n\n".join(run.failures)
+    assert run.left == [], f"{slug} wrote into the working folder: {run.left}"
+
+
+@pytest.mark.parametrize("slug", [c.slug for c in chapters.CHAPTERS])
+def test_student_chapter_runs_from_an_empty_folder_with_the_wheel(slug: str,
+                                                                   student_runs: dict) -> None:
+    """The student version's one run (conftest.py's `student_runs`), as the grader runs it: its
+    cells tagged skip-grading are the full version's own (which nbval runs), and left out."""
+    run = student_runs[slug]
+    assert run.not_full == [], f"{slug}: skip-grading cells that differ from the full version's"
+    assert run.error is None, run.error
+    assert run.left == [], f"{slug} wrote into the working folder: {run.left}"
 
 
 def test_untouched_student_copies_grade_as_not_attempted_in_the_sandbox(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ training recipe) with: XENITH_EDU_UPDATE_GOLDEN=1 python -m pytest tests/test_tr
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -380,6 +381,14 @@ def test_flash_attention_trains_like_the_plain_run(tmp_path):
 # ---------------------------------------------------------------- the log never blocks a resume
 
 
+@pytest.fixture(scope="module")
+def three_steps(tmp_path_factory):
+    """A run of TINY stopped after 3 steps: each damaged-log case below resumes a copy of it."""
+    out = tmp_path_factory.mktemp("three") / "run"
+    _run(TINY.with_settings(steps=3), out)
+    return out
+
+
 @pytest.mark.parametrize("bad, why", [
     (b'\xff\xfe{"event": "train"}', "not UTF-8"),
     (b"garbage", "not JSON"),
@@ -389,8 +398,8 @@ def test_flash_attention_trains_like_the_plain_run(tmp_path):
     (b"[1, 2]", "not a JSON record"),
 ])
 def test_a_damaged_log_line_is_dropped_with_a_warning_and_the_resume_goes_on(
-        tmp_path, capsys, bad, why):
-    _run(TINY.with_settings(steps=3), tmp_path)
+        tmp_path, capsys, bad, why, three_steps):
+    shutil.copytree(three_steps, tmp_path, dirs_exist_ok=True)
     log = tmp_path / "log.jsonl"
     lines = log.read_bytes().splitlines(keepends=True)
     original = b"".join(lines[:2]) + bad + b"\n" + b"".join(lines[2:])
