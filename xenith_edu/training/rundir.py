@@ -14,9 +14,12 @@ import errno
 import os
 import re
 import socket
+import warnings
 from pathlib import Path
 
-from filelock import lock_descriptor
+with warnings.catch_warnings():  # where flock is missing, filelock warns; FolderLock copes
+    warnings.simplefilter("ignore")
+    from filelock import lock_descriptor
 
 LOCK = ".lock"  # in the run folder, while a trainer writes it
 # the temporary files of the atomic writer (tools.util.atomic_write): ".<name>.<random>.tmp"
