@@ -456,5 +456,6 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except Stopped as e:  # a data-parallel run stopped; one rank has printed why
         return e.code
-    except (ValueError, OSError, TrainingDiverged, KeyboardInterrupt) as e:
+    except (ValueError, OSError, ImportError, TrainingDiverged, KeyboardInterrupt) as e:
+        # ImportError: a missing extra, named in its one line (classroom/student.py)
         return _report(args.command, e)
