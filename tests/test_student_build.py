@@ -118,7 +118,7 @@ def test_launch_buttons_open_the_student_version() -> None:
                                            f"xenith-edu/blob/{STUDENT_BRANCH}/{STUDENT_DIR}/"
                                            "rmsnorm.ipynb")
     postbuild = (ROOT / "binder" / "postBuild").read_text(encoding="utf-8")
-    assert f"xenith-edu student notebooks --out {STUDENT_DIR}" in postbuild
+    assert f"xenith-edu chapters --out {STUDENT_DIR}" in postbuild
     assert '".[mpi,torch,hf]"' in postbuild  # the torch and llama chapters run on Binder
     workflow = (ROOT / ".github" / "workflows" / "book.yml").read_text(encoding="utf-8")
     assert f"git push -qf origin {STUDENT_BRANCH}" in workflow

@@ -11,9 +11,11 @@ and an editable install finds them in the clone.
 
 from __future__ import annotations
 
+import html
 import importlib.metadata as metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +24,9 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from test_book import built_book  # noqa: F401  (the fixture: one build, shared)
 
+import xenith_edu
 from xenith_edu import chapters
 from xenith_edu.classroom.student import SETUP_TAG, make_student_versions
 
@@ -227,3 +231,23 @@ def test_an_editable_install_finds_the_chapters_of_its_clone(wheel, tmp_path) ->
     assert len(list((tmp_path / "mine").iterdir())) == len(chapters.CHAPTERS)
     assert not (src / "xenith_edu" / "notebooks").exists()  # read in place, not copied
 
+
+
+# ---------------------------------------------------------------- the book serves it
+
+
+def test_the_site_serves_the_wheel_and_its_chapters_are_the_pages_downloads(
+        built_book: Path) -> None:  # noqa: F811
+    """The how-to-use page links the site's wheel; the student notebook in the wheel is the
+    one each chapter page offers for download, byte for byte."""
+    (wheel,) = (built_book / "_static").glob("xenith_edu-*.whl")
+    assert wheel.name == f"xenith_edu-{xenith_edu.__version__}-py3-none-any.whl"
+    page = (built_book / "book" / "how_to_use.html").read_text(encoding="utf-8")
+    text = html.unescape(re.sub(r"<[^>]+>", "", page))  # code is split into spans
+    assert f'href="../_static/{wheel.name}"' in page and f"pip install {wheel.name}" in text
+    with zipfile.ZipFile(wheel) as z:
+        for c in chapters.CHAPTERS:
+            downloads = [p for p in built_book.rglob(f"{c.slug}.ipynb")]
+            assert downloads, c.slug
+            shipped = z.read(f"xenith_edu/notebooks/student/{c.slug}.ipynb")
+            assert all(p.read_bytes() == shipped for p in downloads), c.slug
