@@ -304,3 +304,36 @@ def test_the_setup_cell_names_the_missing_extras(extras, url, monkeypatch) -> No
     ran.clear()
     exec(compile(source, "setup cell", "exec"), {})
     assert ran == []
+
+
+# ---------------------------------------------------------------- chapters and lab, at the door
+
+
+def test_chapters_into_a_file_or_an_unwritable_place_is_one_line(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    (tmp_path / "file").write_text("x")
+    for out in ("file", "file/below"):
+        ran = xenith(env, tmp_path, "chapters", "--out", out)
+        assert ran.returncode == 1 and ran.stderr.count("\n") == 1, ran.stderr
+        assert ran.stderr.startswith("xenith-edu chapters: error: "), ran.stderr
+    assert (tmp_path / "file").read_text() == "x"
+
+
+FAKE_LAB = """import json, sys
+print(json.dumps(sys.argv[1:]))
+"""
+
+
+def test_lab_writes_the_chapters_then_opens_jupyterlab_on_them(tmp_path) -> None:
+    fake = tmp_path / "fake" / "jupyterlab"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "__main__.py").write_text(FAKE_LAB)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(fake.parent)
+    ran = xenith(env, tmp_path, "lab", "--out", "mine", "--allow-root")
+    assert ran.returncode == 0, ran.stderr
+    wrote, opened = ran.stdout.splitlines()
+    assert wrote.startswith(f"wrote {len(chapters.CHAPTERS)} student notebook(s) into mine")
+    assert json.loads(opened) == ["--allow-root", "mine"]
+    assert len(list((tmp_path / "mine").iterdir())) == len(chapters.CHAPTERS)
