@@ -339,3 +339,11 @@ def test_lab_writes_the_chapters_then_opens_jupyterlab_on_them(tmp_path) -> None
     assert wrote.startswith(f"wrote {len(chapters.CHAPTERS)} student notebook(s) into mine")
     assert json.loads(opened) == ["--allow-root", "mine"]
     assert len(list((tmp_path / "mine").iterdir())) == len(chapters.CHAPTERS)
+
+
+def test_worker_processes_where_the_system_is_not_posix_are_one_line(monkeypatch) -> None:
+    from xenith_edu.training import processes
+
+    monkeypatch.setattr(processes.os, "name", "nt")
+    with pytest.raises(OSError, match=r"need POSIX .* \(parallel='threads'\)"):
+        processes.ProcessShards(2)
