@@ -11,6 +11,7 @@ trains the small preset with worker processes and threads, keeps one trainer per
 
 from __future__ import annotations
 
+import errno
 import importlib
 import itertools
 import json
@@ -347,3 +348,63 @@ def test_worker_processes_where_the_system_is_not_posix_are_one_line(monkeypatch
     monkeypatch.setattr(processes.os, "name", "nt")
     with pytest.raises(OSError, match=r"need POSIX .* \(parallel='threads'\)"):
         processes.ProcessShards(2)
+
+
+# ---------------------------------------------------------------- a file system without locks
+
+
+NO_LOCK = [errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL]
+
+
+def ended_pid() -> int:
+    """The pid of a process of this host that has ended."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("code", NO_LOCK)
+def test_where_the_kernel_refuses_a_lock_the_named_holder_decides(code, monkeypatch,
+                                                                  tmp_path) -> None:
+    """Without a kernel lock, a holder named in the file that runs on this host (or on
+    another host, which cannot be asked) keeps the folder; one that has ended does not."""
+    from xenith_edu.training import rundir
+
+    def refuse(fd, blocking=True):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(rundir, "lock_descriptor", refuse)
+    here = socket.gethostname()
+    for holder, free in [(f"pid {os.getpid()} on {here}", False),
+                         (f"pid {ended_pid()} on {here}", True),
+                         (f"pid {ended_pid()} on another-{here}", False), ("", True),
+                         ("garbage \x00\xff", True)]:
+        out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        out.mkdir()
+        (out / rundir.LOCK).write_bytes(b"\n" + holder.encode("utf-8", "surrogateescape"))
+        lock = rundir.FolderLock(out)
+        if free:
+            lock.acquire()
+            assert f"pid {os.getpid()} on {here}" in (out / rundir.LOCK).read_text()
+            with pytest.raises(ValueError, match="in use by another trainer"):
+                rundir.FolderLock(out).acquire()  # and now this process holds it
+            lock.release()
+            assert not (out / rundir.LOCK).exists()
+        else:
+            with pytest.raises(ValueError, match=f"in use by another trainer \\({holder}\\)"):
+                lock.acquire()
+
+
+def test_a_lock_error_that_is_not_a_missing_lock_is_raised(monkeypatch, tmp_path) -> None:
+    from xenith_edu.training import rundir
+
+    def broken(fd, blocking=True):
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(rundir, "lock_descriptor", broken)
+    before = len(os.listdir("/proc/self/fd")) if Path("/proc/self/fd").is_dir() else None
+    for _ in range(3):
+        with pytest.raises(OSError, match="I/O error"):
+            rundir.FolderLock(tmp_path / "run").acquire()
+    if before is not None:
+        assert len(os.listdir("/proc/self/fd")) == before  # no descriptor left open

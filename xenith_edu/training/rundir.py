@@ -45,7 +45,12 @@ class FolderLock:
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0),
                          0o666)  # O_BINARY: Windows, no newline translation
-            if not self._lock(fd):
+            try:
+                locked = self._lock(fd)
+            except BaseException:  # a failing lock: no descriptor left open
+                os.close(fd)
+                raise
+            if not locked:
                 holder = self._holder(fd) or "another process"
                 os.close(fd)
                 self._undo_mkdir()
