@@ -23,10 +23,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import xenith_edu
 from xenith_edu import chapters
-from xenith_edu.classroom.student import EXTRA_MODULES, setup_cell
+from xenith_edu.classroom.student import (
+    EXTRA_MODULES,
+    EXTRA_OF,
+    PROGRAMS,
+    chapter_extras,
+    setup_cell,
+    used_modules,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIX_ONLY = ("fcntl", "resource", "pwd", "grp", "termios")
@@ -408,3 +417,28 @@ def test_a_lock_error_that_is_not_a_missing_lock_is_raised(monkeypatch, tmp_path
             rundir.FolderLock(tmp_path / "run").acquire()
     if before is not None:
         assert len(os.listdir("/proc/self/fd")) == before  # no descriptor left open
+
+
+# ---------------------------------------------------------------- what a chapter's code needs
+
+FORMS = ["import {m}", "import {m}.sub as alias", "from {m} import thing",
+         "from {m}.sub import (a,\n    b)", "x = 1; import {m}", "importlib.import_module('{m}')",
+         "mod = __import__('{m}.sub')", "import os, {m}"]
+WRAPS = ["{s}", "def f():\n    {s}", "if True:\n    {s}", "%matplotlib inline\n{s}",
+         "!pip list\n{s}", "try:\n    {s}\nexcept ImportError:\n    pass"]
+
+
+@given(module=st.sampled_from(sorted(EXTRA_OF)), form=st.sampled_from(FORMS),
+       wrap=st.sampled_from(WRAPS), decoy=st.sampled_from(sorted(EXTRA_OF)))
+@settings(max_examples=200, deadline=None)
+def test_every_way_of_importing_an_extras_module_is_seen(module, form, wrap, decoy) -> None:
+    """However a cell imports a module (or names a program) of an extra, the setup cell's
+    extras include it; a module only named in a comment is not an import."""
+    code = form.format(m=module) if module not in PROGRAMS else f"p = '/x/bin/{module}'"
+    source = wrap.format(s=code.replace("\n", "\n    " if wrap.startswith(("def", "if", "try"))
+                                        else "\n")) + f"\n# import {decoy}\n"
+    found = used_modules(source)
+    assert module in found
+    assert decoy not in found or decoy == module
+    cell = type("Cell", (), {"cell_type": "code", "source": source})
+    assert EXTRA_OF[module] in chapter_extras(type("NB", (), {"cells": [cell]}))

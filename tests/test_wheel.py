@@ -256,7 +256,7 @@ def test_the_site_serves_the_wheel_and_its_chapters_are_the_pages_downloads(
 def test_every_module_a_chapter_imports_is_the_cores_or_named_by_an_extra(wheel) -> None:
     """A chapter's imports are the standard library's, the package's, a core dependency's, or
     a module that `EXTRA_OF` maps to an extra (which its setup cell then names)."""
-    from xenith_edu.classroom.student import EXTRA_OF, IMPORTED
+    from xenith_edu.classroom.student import EXTRA_OF, used_modules
 
     provides = metadata.packages_distributions()
     core = closure(core_requirements(wheel))
@@ -264,7 +264,7 @@ def test_every_module_a_chapter_imports_is_the_cores_or_named_by_an_extra(wheel)
     for c in chapters.CHAPTERS:
         nb = json.loads((ROOT / f"{c.notebook}.ipynb").read_text(encoding="utf-8"))
         for cell in (c for c in nb["cells"] if c["cell_type"] == "code"):
-            for module in IMPORTED.findall("".join(cell["source"])):
+            for module in used_modules("".join(cell["source"])):
                 dists = {d.lower() for d in provides.get(module, [])}
                 if not (module in sys.stdlib_module_names or module == "xenith_edu"
                         or dists & core or module in EXTRA_OF):

@@ -5,6 +5,7 @@ a setup cell (`setup_cell`); nothing else changes.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -158,8 +159,31 @@ EXTRA_OF = {"torch": "torch", "transformers": "hf", "tokenizers": "hf", "safeten
             "peft": "hf", "mpi4py": "mpi", "mpiexec": "mpi"}
 EXTRA_MODULES = {"torch": ("torch",), "hf": ("transformers", "tokenizers", "safetensors"),
                  "mpi": ("mpi4py",)}
-IMPORTED = re.compile(r"^[ \t]*(?:import|from)[ \t]+([A-Za-z_]\w*)", re.MULTILINE)
-RUNS = re.compile(r"[\"'/]mpiexec[\"']")  # a program the chapter starts: its name as a string
+IMPORTED = re.compile(r"^[ \t]*(?:import|from)[ \t]+([A-Za-z_]\w*)", re.MULTILINE)  # unparsable
+PROGRAMS = ("mpiexec",)  # programs a chapter starts, named by a string of its code
+IMPORTERS = ("import_module", "__import__")
+
+
+def used_modules(source: str) -> set[str]:
+    """The top-level modules that the code `source` imports, and the PROGRAMS it names: read
+    from its syntax tree (IPython's % and ! lines left out); by pattern if it does not parse."""
+    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.split("\n")]
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return set(IMPORTED.findall(source))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and getattr(node.func, "attr", getattr(node.func, "id", "")) in IMPORTERS:
+            found.add(str(node.args[0].value).split(".")[0])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.update(p for p in PROGRAMS if node.value.rsplit("/", 1)[-1] == p)
+    return found
 
 
 def chapter_extras(nb) -> tuple[str, ...]:  # nb: nbformat.NotebookNode
@@ -167,9 +191,7 @@ def chapter_extras(nb) -> tuple[str, ...]:  # nb: nbformat.NotebookNode
     found = set()
     for cell in nb.cells:
         if cell.cell_type == "code":
-            names = IMPORTED.findall(cell.source) + [m.strip("\"'/") for m in
-                                                      RUNS.findall(cell.source)]
-            found.update(EXTRA_OF[n] for n in names if n in EXTRA_OF)
+            found.update(EXTRA_OF[m] for m in used_modules(cell.source) if m in EXTRA_OF)
     return tuple(sorted(found))
 
 
@@ -373,5 +395,5 @@ def _copy_chapters(src: Path, out: Path, names: list[str]) -> list[Path]:
 
 
 __all__ = ["add_setup_cell", "book_repository", "chapter_extras", "chapter_folder",
-           "write_chapters",
+           "used_modules", "write_chapters",
            "make_student_versions", "setup_cell"]
