@@ -11,6 +11,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import IO
 
 from ..chapters import CHAPTERS
 from ..tools.util import atomic_write, atomic_write_text, one_line
@@ -172,7 +173,7 @@ def used_modules(source: str) -> set[str]:
         tree = ast.parse("\n".join(lines))
     except SyntaxError:
         return set(IMPORTED.findall(source))
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name.split(".")[0] for alias in node.names)
@@ -188,7 +189,7 @@ def used_modules(source: str) -> set[str]:
 
 def chapter_extras(nb) -> tuple[str, ...]:  # nb: nbformat.NotebookNode
     """The extras of xenith-edu that the code cells of notebook `nb` need, sorted."""
-    found = set()
+    found: set[str] = set()
     for cell in nb.cells:
         if cell.cell_type == "code":
             found.update(EXTRA_OF[m] for m in used_modules(cell.source) if m in EXTRA_OF)
@@ -387,10 +388,19 @@ def write_chapters(out: Path) -> tuple[list[Path], list[Path]]:
     return _copy_chapters(ready, out, missing), [out / n for n in names if n not in missing]
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically (tools.util.atomic_write)."""
+
+    def write(f: IO[bytes]) -> None:
+        f.write(data)
+
+    atomic_write(path, write)
+
+
 def _copy_chapters(src: Path, out: Path, names: list[str]) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
-        atomic_write(out / name, lambda f, name=name: f.write((src / name).read_bytes()))
+        atomic_write_bytes(out / name, (src / name).read_bytes())
     return [out / name for name in names]
 
 
