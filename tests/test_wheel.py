@@ -271,3 +271,23 @@ def test_every_module_a_chapter_imports_is_the_cores_or_named_by_an_extra(wheel)
                     uncovered.setdefault(c.slug, set()).add(module)
     assert uncovered == {}
     assert {"numpy", "matplotlib"} <= core  # the check reads the core it should
+
+
+def test_the_wheel_builds_with_only_the_declared_build_requirements(tmp_path) -> None:
+    """What pip does from a git URL (Colab, Binder): build in an environment that holds only
+    pyproject.toml's build-system requirements; the chapters and student versions are made."""
+    tomllib = pytest.importorskip("tomllib")
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    link_distributions(closure(requires), tmp_path / "deps")
+    python = fresh_venv(tmp_path / "venv", tmp_path / "deps")
+    src = tmp_path / "src"
+    for name in SOURCES:
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
+        copy(ROOT / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "wheel", "--no-deps",
+                    "--no-build-isolation", "--no-index", "-q", "-w", str(tmp_path / "dist"),
+                    str(src)], check=True, capture_output=True, env=clean_env())
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        student = [n for n in z.namelist() if n.startswith("xenith_edu/notebooks/student/")]
+    assert len(student) == len(chapters.CHAPTERS)
