@@ -18,7 +18,7 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 
 
-class build_py_with_chapters(build_py):  # noqa: N801 -- setuptools' own naming
+class BuildPyWithChapters(build_py):
     """build_py, then the chapters and their student versions into the built package."""
 
     def run(self) -> None:
@@ -40,4 +40,4 @@ class build_py_with_chapters(build_py):  # noqa: N801 -- setuptools' own naming
             sys.path.remove(str(ROOT))
 
 
-setup(cmdclass={"build_py": build_py_with_chapters})
+setup(cmdclass={"build_py": BuildPyWithChapters})
