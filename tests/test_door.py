@@ -319,14 +319,15 @@ def test_the_setup_cell_names_the_missing_extras(extras, url, monkeypatch) -> No
 # ---------------------------------------------------------------- chapters and lab, at the door
 
 
-def test_chapters_into_a_file_or_an_unwritable_place_is_one_line(tmp_path) -> None:
+def test_chapters_into_a_file_an_empty_or_impossible_name_is_one_line(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     (tmp_path / "file").write_text("x")
-    for out in ("file", "file/below"):
+    for out in ("file", "file/below", "", " ", "x" * 300):
         ran = xenith(env, tmp_path, "chapters", "--out", out)
         assert ran.returncode == 1 and ran.stderr.count("\n") == 1, ran.stderr
         assert ran.stderr.startswith("xenith-edu chapters: error: "), ran.stderr
     assert (tmp_path / "file").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written
 
 
 FAKE_LAB = """import json, sys

@@ -365,7 +365,7 @@ def chapter_folder() -> Path:
                      "install the book's wheel, or use a clone of the book's repository")
 
 
-def write_chapters(out: Path) -> tuple[list[Path], list[Path]]:
+def write_chapters(out: str | Path) -> tuple[list[Path], list[Path]]:
     """Write the student version of every chapter into the folder `out` (made if needed),
     keeping each one a learner already has there. Returns (written, kept).
 
@@ -373,6 +373,8 @@ def write_chapters(out: Path) -> tuple[list[Path], list[Path]]:
     they are made from its notebooks (the `notebooks` extra). What the chapters read is
     package data: nothing else is copied.
     """
+    if isinstance(out, str) and not out.strip():  # Path("") would be the working folder
+        raise ValueError("out: empty: give the folder for the chapters (\".\" for this one)")
     out = _as_path(out, "out")
     if out.exists() and not out.is_dir():
         raise ValueError(f"out: {out} exists and is not a folder")

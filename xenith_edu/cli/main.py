@@ -361,7 +361,7 @@ def _cmd_student(args: argparse.Namespace) -> int:
 def _cmd_chapters(args: argparse.Namespace) -> int:
     from ..classroom.student import write_chapters  # imported only when asked for
 
-    written, kept = write_chapters(Path(args.out))
+    written, kept = write_chapters(args.out)
     print(f"wrote {len(written)} student notebook(s) into {args.out}" + (
         f"; kept the {len(kept)} already there" if kept else ""))
     return 0
