@@ -441,3 +441,33 @@ def test_every_way_of_importing_an_extras_module_is_seen(module, form, wrap, dec
     assert decoy not in found or decoy == module
     cell = type("Cell", (), {"cell_type": "code", "source": source})
     assert EXTRA_OF[module] in chapter_extras(type("NB", (), {"cells": [cell]}))
+
+
+FAKE_LAB_CTRL_C = """import signal, sys, time
+signal.signal(signal.SIGINT, lambda *a: sys.exit(7))  # as JupyterLab: it decides how to stop
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_ctrl_c_in_lab_is_jupyterlabs_to_handle(tmp_path) -> None:
+    fake = tmp_path / "fake" / "jupyterlab"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "__main__.py").write_text(FAKE_LAB_CTRL_C)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(fake.parent)
+    lab = subprocess.Popen([sys.executable, "-m", "xenith_edu", "lab", "--out", "mine"],
+                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        assert lab.stdout.readline().startswith("wrote ")
+        assert lab.stdout.readline() == "ready\n"
+        os.killpg(lab.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole group
+        assert lab.wait(timeout=60) == 7  # JupyterLab's own status: no "interrupted" line
+        assert lab.stderr.read() == ""
+    finally:
+        lab.kill()
+        lab.wait()
+        lab.stdout.close()
+        lab.stderr.close()

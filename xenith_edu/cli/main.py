@@ -377,7 +377,12 @@ def _cmd_lab(args: argparse.Namespace) -> int:
     _cmd_chapters(args)
     command = [sys.executable, "-m", "jupyterlab", *(["--allow-root"] if args.allow_root
                                                       else []), args.out]
-    return subprocess.call(command)
+    lab = subprocess.Popen(command)
+    while True:
+        try:
+            return lab.wait()
+        except KeyboardInterrupt:  # Ctrl-C is JupyterLab's: it asks whether to stop
+            continue
 
 
 def _cmd_grade(args: argparse.Namespace) -> int:
