@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --upgrade pip
-	$(BIN)/python -m pip install -qq -e ".[book,test,torch,mpi,hf]"
+	$(BIN)/python -m pip install -qq -e ".[book,test,notebooks,torch,mpi,hf]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
@@ -59,10 +59,7 @@ $(VENV)/.lab: pyproject.toml $(STAMP)
 	touch $@
 
 lab: $(VENV)/.lab
-	rm -rf _build/student && $(BIN)/xenith-edu student notebooks --out _build/student
-	mkdir -p student && for f in _build/student/*.ipynb; do \
-		[ -e student/$${f##*/} ] || cp $$f student/; done
-	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) student
+	$(BIN)/xenith-edu lab --out student $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:
 	rm -rf _build .pytest_cache

@@ -21,6 +21,7 @@ from xenith_edu.classroom.student import (
     END_SOLUTION,
     SETUP_TAG,
     book_repository,
+    chapter_extras,
     make_student_versions,
     setup_cell,
 )
@@ -117,7 +118,7 @@ def test_launch_buttons_open_the_student_version() -> None:
                                            f"xenith-edu/blob/{STUDENT_BRANCH}/{STUDENT_DIR}/"
                                            "rmsnorm.ipynb")
     postbuild = (ROOT / "binder" / "postBuild").read_text(encoding="utf-8")
-    assert f"xenith-edu student notebooks --out {STUDENT_DIR}" in postbuild
+    assert f"xenith-edu chapters --out {STUDENT_DIR}" in postbuild
     assert '".[mpi,torch,hf]"' in postbuild  # the torch and llama chapters run on Binder
     workflow = (ROOT / ".github" / "workflows" / "book.yml").read_text(encoding="utf-8")
     assert f"git push -qf origin {STUDENT_BRANCH}" in workflow
@@ -217,5 +218,6 @@ def test_each_student_chapter_opens_with_the_setup_cell(students) -> None:
     for name, path in students.items():
         nb = nbformat.read(str(path), as_version=4)
         assert nb.cells[0].source.startswith("# "), name
-        assert nb.cells[1].source == setup_cell(url, branch).source, name
+        extras = chapter_extras(nbformat.read(str(ROOT / "notebooks" / name), as_version=4))
+        assert nb.cells[1].source == setup_cell(url, branch, extras).source, name
         assert sum(SETUP_TAG in c.metadata.get("tags", []) for c in nb.cells) == 1, name

@@ -12,12 +12,20 @@ The package is built in floors, and imports run one way, down:
     tools/        finite differences, the workspace, file writes, plots
 
 `chapters` is the registry of the book's chapters, which every floor may read.
+
+The face is light and portable: `import xenith_edu` loads the components, the model and the
+ground floor; `training`, `exercises`, `classroom` and `cli`, and the names taken from them
+(`TrainConfig`, `save_checkpoint`, ...), load on first use (PEP 562 `__getattr__` below).
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from . import (
     attention,
     embedding,
-    exercises,
     flash_attention,
     linear,
     model,
@@ -25,7 +33,6 @@ from . import (
     rope,
     softmax_ce,
     swiglu,
-    training,
 )
 from .model import (
     CharTokenizer,
@@ -38,19 +45,46 @@ from .model import (
     param_shapes,
 )
 from .tools import gradcheck
-from .training import (
-    TrainConfig,
-    adamw_update,
-    checkpoint,
-    clip_by_global_norm,
-    data,
-    load_checkpoint,
-    lr_at,
-    optim,
-    save_checkpoint,
-)
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+    from . import classroom, cli, exercises, training
+    from .training import (
+        TrainConfig,
+        adamw_update,
+        checkpoint,
+        clip_by_global_norm,
+        data,
+        load_checkpoint,
+        lr_at,
+        optim,
+        save_checkpoint,
+    )
 
 __version__ = "0.1.0"
+
+# name -> the module that holds it, imported on first use; a floor's own name maps to itself
+_LAZY: dict[str, str] = {
+    **{floor: f"{__name__}.{floor}" for floor in ("classroom", "cli", "exercises", "training")},
+    **{name: f"{__name__}.training" for name in (
+        "TrainConfig", "adamw_update", "checkpoint", "clip_by_global_norm", "data",
+        "load_checkpoint", "lr_at", "optim", "save_checkpoint")},
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A lazy name of the face: its module is imported now, and the value kept."""
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(where)
+    value = module if where.endswith("." + name) else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "CharTokenizer",
@@ -61,6 +95,8 @@ __all__ = [
     "backward",
     "check_model",
     "checkpoint",
+    "classroom",
+    "cli",
     "clip_by_global_norm",
     "data",
     "embedding",

@@ -19,6 +19,12 @@ opens student/<chapter>.ipynb, which binder/postBuild writes; the Colab button o
 file on the branch `student`, which the book's workflow publishes (.github/workflows/book.yml);
 the other launch services can only open the full notebook as committed: their buttons go.
 
+The package for readers: when an HTML build starts, the wheel of the package is built offline
+(`pip wheel --no-build-isolation --no-index`, from a copy of the sources, so nothing is left in
+the repository) into `_static/`; it holds the chapters and their student versions (setup.py).
+The directive `wheel-download` links it, with the two commands that start from it:
+`pip install` of the wheel, then `xenith-edu chapters`.
+
 Chapter tables: the directive `chapter-table` writes a table from the chapter registry
 (`xenith_edu.chapters`), so no page types a chapter's number or list: `:columns: derive` gives
 each chapter and what it derives (the introduction), `:columns: exercises` each chapter's
@@ -32,6 +38,9 @@ from __future__ import annotations
 import importlib.util
 import re
 import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -286,6 +295,57 @@ class ChapterTable(SphinxDirective):
         return container.children
 
 
+# ---------------------------------------------------------------- the wheel, for readers
+# what the wheel is built from (setup.py copies notebooks/ into it, with the student versions)
+WHEEL_SOURCES = ("xenith_edu", "notebooks", "pyproject.toml", "setup.py", "MANIFEST.in",
+                 "README.md", "_config.yml")
+
+
+def wheel_name() -> str:
+    """The file name of the package's wheel, from the package's one version."""
+    from xenith_edu import __version__
+
+    return f"xenith_edu-{__version__}-py3-none-any.whl"
+
+
+def build_wheel(static_dir: Path) -> Path:
+    """Build the package's wheel offline into `static_dir`; return its path."""
+    with tempfile.TemporaryDirectory(prefix="xenith-edu-wheel-") as tmp:
+        src = Path(tmp) / "src"
+        for name in WHEEL_SOURCES:
+            if (ROOT / name).is_dir():
+                shutil.copytree(ROOT / name, src / name,
+                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                shutil.copy2(ROOT / name, src / name)
+        built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                                "--no-build-isolation", "--no-index", "-q", "-w",
+                                str(Path(tmp) / "dist"), str(src)], capture_output=True,
+                               text=True)
+        wheels = list((Path(tmp) / "dist").glob("*.whl"))
+        if built.returncode != 0 or [w.name for w in wheels] != [wheel_name()]:
+            last = (built.stderr.strip().splitlines() or ["no wheel was made"])[-1]
+            raise ExtensionError(f"the package's wheel could not be built: {last}")
+        static_dir.mkdir(parents=True, exist_ok=True)
+        return Path(shutil.copy2(wheels[0], static_dir / wheels[0].name))
+
+
+class WheelDownload(SphinxDirective):
+    """`wheel-download`: the link to the site's wheel and the commands that start from it."""
+
+    def run(self) -> list[nodes.Node]:
+        name = wheel_name()
+        href = "../" * self.env.docname.count("/") + f"_static/{name}"
+        link = (f'<p><a class="reference download" href="{href}" download="{name}">'
+                f"<code>{name}</code></a></p>")
+        commands = (f"pip install {name}           # NumPy, Matplotlib: no notebook tools\n"
+                    "xenith-edu chapters --out chapters   # every chapter's student notebook\n"
+                    f'pip install "{name}[lab]"    # then, to open them in JupyterLab:\n'
+                    "xenith-edu lab --out chapters")
+        block = nodes.literal_block(commands, commands, language="bash")
+        return [nodes.raw("", link, format="html"), block]
+
+
 def on_config_inited(app: Sphinx, config: Config) -> None:
     """Point MathJax at the site's own copy and derive the launch buttons."""
     config.mathjax_path = f"{MATHJAX_STATIC}/{MATHJAX_ENTRY}"  # relative to _static/
@@ -302,6 +362,9 @@ def on_builder_inited(app: Sphinx) -> None:
         return
     size = copy_mathjax(mathjax_source(), Path(app.outdir) / "_static")
     logger.info(f"offline MathJax: {size / 1e6:.1f} MB in _static/{MATHJAX_STATIC}/")
+    wheel = build_wheel(Path(app.outdir) / "_static")
+    logger.info(f"the package for readers: _static/{wheel.name} "
+                f"({wheel.stat().st_size / 1e6:.1f} MB)")
 
 
 # ---------------------------------------------------------------- student notebooks
@@ -398,6 +461,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("config-inited", on_config_inited, priority=900)
     app.connect("builder-inited", on_builder_inited)
     app.add_directive("chapter-table", ChapterTable)
+    app.add_directive("wheel-download", WheelDownload)
     app.connect("doctree-read", strip_solution_markers)
     app.connect("html-page-context", student_launch_buttons, priority=600)  # after the theme
     app.connect("build-finished", student_notebooks)

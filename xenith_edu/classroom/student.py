@@ -5,12 +5,16 @@ a setup cell (`setup_cell`); nothing else changes.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
+from typing import IO
 
-from ..tools.util import atomic_write_text, one_line
+from ..chapters import CHAPTERS
+from ..tools.util import atomic_write, atomic_write_text, one_line
 
 # nbgrader's markers. Code between BEGIN and END SOLUTION becomes a stub that raises
 # NotImplementedError; markdown between them becomes TEXT_STUB; hidden tests are dropped.
@@ -149,9 +153,80 @@ def book_repository(src: Path) -> tuple[str, str] | None:
     return None
 
 
-def setup_cell(url: str, branch: str = ""):  # -> nbformat.NotebookNode
+# What a chapter needs beyond the core dependencies, read from its code: a module it imports, or
+# a program it runs, -> the extra of xenith-edu that brings it (pyproject.toml), and the modules
+# by which the setup cell sees whether that extra is installed.
+EXTRA_OF = {"torch": "torch", "transformers": "hf", "tokenizers": "hf", "safetensors": "hf",
+            "peft": "hf", "mpi4py": "mpi", "mpiexec": "mpi"}
+EXTRA_MODULES = {"torch": ("torch",), "hf": ("transformers", "tokenizers", "safetensors"),
+                 "mpi": ("mpi4py",)}
+IMPORTED = re.compile(r"^[ \t]*(?:import|from)[ \t]+([A-Za-z_]\w*)", re.MULTILINE)  # unparsable
+PROGRAMS = ("mpiexec",)  # programs a chapter starts, named by a string of its code
+IMPORTERS = ("import_module", "__import__")
+
+
+def used_modules(source: str) -> set[str]:
+    """The top-level modules that the code `source` imports, and the PROGRAMS it names: read
+    from its syntax tree (IPython's % and ! lines left out); by pattern if it does not parse."""
+    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.split("\n")]
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return set(IMPORTED.findall(source))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and getattr(node.func, "attr", getattr(node.func, "id", "")) in IMPORTERS:
+            found.add(str(node.args[0].value).split(".")[0])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.update(p for p in PROGRAMS if node.value.rsplit("/", 1)[-1] == p)
+    return found
+
+
+def chapter_extras(nb) -> tuple[str, ...]:  # nb: nbformat.NotebookNode
+    """The extras of xenith-edu that the code cells of notebook `nb` need, sorted."""
+    found: set[str] = set()
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            found.update(EXTRA_OF[m] for m in used_modules(cell.source) if m in EXTRA_OF)
+    return tuple(sorted(found))
+
+
+def _extras_lines(url: str, branch: str, extras: tuple[str, ...]) -> list[str]:
+    """The setup cell's check of the chapter's extras: installed from `url`, else one line."""
+    if not extras:
+        return []
+    spec = f"[{','.join(extras)}]"
+    modules = {e: EXTRA_MODULES[e] for e in extras}
+    lines = ["", f"# this chapter also needs the extra {spec} of xenith-edu",
+             "import importlib.util",
+             f"EXTRAS = {modules!r}",
+             "missing = [e for e, mods in EXTRAS.items()",
+             "           if any(importlib.util.find_spec(m) is None for m in mods)]",
+             "if missing:"]
+    if url:
+        package = f"xenith-edu[{{','.join(missing)}}] @ git+{url}" + (f"@{branch}" if branch
+                                                                      else "")
+        return lines + ["    import subprocess", "",
+                        f"    package = f{json.dumps(package)}",
+                        '    subprocess.run([sys.executable, "-m", "pip", "install", "-q",',
+                        "                    package], check=True)",
+                        "    importlib.invalidate_caches()"]
+    return lines + ['    raise ImportError(f"this chapter needs the extra [{\',\'.join(missing)}] '
+                    'of xenith-edu: "',
+                    "                      f'pip install \"xenith-edu[{\",\".join(missing)}]\" '",
+                    '                      "(or the wheel file, followed by [...])")']
+
+
+def setup_cell(url: str, branch: str = "", extras: tuple[str, ...] = ()):  # -> NotebookNode
     """The setup cell: a no-op where xenith_edu imports; else it uses a clone of the book's
-    repository found above the working folder, else installs the package from `url`.
+    repository found above the working folder, else installs the package from `url`. With
+    `extras` (`chapter_extras`), it then installs those extras from `url` where they are
+    missing, or names them in one line.
 
     With no `url` and no clone, it says in one line how to get the package.
     """
@@ -169,7 +244,8 @@ def setup_cell(url: str, branch: str = ""):  # -> nbformat.NotebookNode
     else:
         fallback = ['        raise ImportError("this notebook needs the package xenith_edu: "',
                     '                          "run `make lab` in a clone of the book\'s "',
-                    '                          "repository, or pip install it") from None']
+                    '                          "repository, or pip install the book\'s wheel "',
+                    '                          "and run xenith-edu chapters") from None']
         says = "it says in one line\n# how to get it."
     lines = ["# Setup: nothing to do where xenith_edu imports; in a clone of the book's",
              f"# repository it uses the clone's package; elsewhere {says}",
@@ -181,31 +257,37 @@ def setup_cell(url: str, branch: str = ""):  # -> nbformat.NotebookNode
              "    if clone:",
              "        sys.path.insert(0, str(clone[0]))  # the clone's package, as it is",
              "    else:", *fallback,
-             "    import xenith_edu  # noqa: F401,E402"]
+             "    import xenith_edu  # noqa: F401,E402", *_extras_lines(url, branch, extras)]
     # a fixed id: the student version of a notebook is the same file every time it is made
     return new_code_cell("\n".join(lines), id="xenith-edu-setup", metadata={"tags": [SETUP_TAG]})
 
 
 def add_setup_cell(nb, url: str, branch: str = "") -> None:
-    """Put the setup cell first, after the title cell when the notebook opens with one."""
+    """Put the setup cell first, after the title cell when the notebook opens with one; it
+    names the extras that the notebook's code needs (`chapter_extras`)."""
     first = nb.cells[0] if nb.cells else None
     titled = first is not None and first.cell_type == "markdown" and first.source.startswith("# ")
-    nb.cells.insert(1 if titled else 0, setup_cell(url, branch))
+    nb.cells.insert(1 if titled else 0, setup_cell(url, branch, chapter_extras(nb)))
+
+
+NOTEBOOKS_EXTRA = "notebooks"  # the extra of xenith-edu that brings the notebook tooling
 
 
 def _require(*modules: str) -> None:
-    """Import the notebook machinery, or say in one line how to install it."""
+    """Import the notebook machinery, or say in one line which extra to install."""
     import importlib  # only when notebooks are read or written
 
     for name in modules:
         try:
             importlib.import_module(name)
         except ImportError:
-            raise ImportError(f"the classroom needs the package {name}: pip install nbformat "
-                              "nbclient ipykernel") from None
+            raise ImportError(f"notebooks need the package {name}, which the extra "
+                              f"[{NOTEBOOKS_EXTRA}] of xenith-edu installs: pip install "
+                              f"\"xenith-edu[{NOTEBOOKS_EXTRA}]\"") from None
 
 
 def _read_notebook(path: Path):
+    _require("nbformat")
     import nbformat  # only when notebooks are read or written
 
     try:
@@ -264,5 +346,66 @@ def make_student_versions(src: Path, out: Path,
     return [target for target, _ in versions]
 
 
-__all__ = ["add_setup_cell", "book_repository",
+# -- the chapters that ship with the package ---------------------------------------------------
+# A wheel holds the chapter notebooks in xenith_edu/notebooks/ and their student versions in
+# xenith_edu/notebooks/student/ (setup.py writes both when the wheel is built, from notebooks/);
+# a clone, or an editable install of it, reads notebooks/ beside the package.
+SHIPPED = "notebooks"
+SHIPPED_STUDENT = "student"
+
+
+def chapter_folder() -> Path:
+    """The folder of the full chapter notebooks: the installed package's, else the clone's.
+    Raises ValueError when there is neither (a package built without its chapters)."""
+    package = Path(__file__).resolve().parents[1]
+    for folder in (package / SHIPPED, package.parent / SHIPPED):
+        if (folder / f"{CHAPTERS[0].slug}.ipynb").is_file():
+            return folder
+    raise ValueError(f"the chapters are not in this installation of xenith_edu ({package}): "
+                     "install the book's wheel, or use a clone of the book's repository")
+
+
+def write_chapters(out: str | Path) -> tuple[list[Path], list[Path]]:
+    """Write the student version of every chapter into the folder `out` (made if needed),
+    keeping each one a learner already has there. Returns (written, kept).
+
+    The wheel's ready student versions are copied (no notebook tooling needed); in a clone
+    they are made from its notebooks (the `notebooks` extra). What the chapters read is
+    package data: nothing else is copied.
+    """
+    if isinstance(out, str) and not out.strip():  # Path("") would be the working folder
+        raise ValueError("out: empty: give the folder for the chapters (\".\" for this one)")
+    out = _as_path(out, "out")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out: {out} exists and is not a folder")
+    folder = chapter_folder()
+    names = [f"{c.slug}.ipynb" for c in CHAPTERS]
+    missing = [n for n in names if not (out / n).exists()]
+    ready = folder / SHIPPED_STUDENT
+    if missing and not all((ready / n).is_file() for n in missing):  # a clone: make them
+        with tempfile.TemporaryDirectory(prefix="xenith-edu-chapters-") as tmp:
+            make_student_versions(folder, Path(tmp))
+            return _copy_chapters(Path(tmp), out, missing), [out / n for n in names
+                                                             if n not in missing]
+    return _copy_chapters(ready, out, missing), [out / n for n in names if n not in missing]
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically (tools.util.atomic_write)."""
+
+    def write(f: IO[bytes]) -> None:
+        f.write(data)
+
+    atomic_write(path, write)
+
+
+def _copy_chapters(src: Path, out: Path, names: list[str]) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        atomic_write_bytes(out / name, (src / name).read_bytes())
+    return [out / name for name in names]
+
+
+__all__ = ["add_setup_cell", "book_repository", "chapter_extras", "chapter_folder",
+           "used_modules", "write_chapters",
            "make_student_versions", "setup_cell"]

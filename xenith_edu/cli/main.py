@@ -15,10 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import __version__
 from ..tools.util import one_line
 from . import hf, settings
 
 PROG = "xenith-edu"
+CHAPTERS_DIR = "xenith-edu-chapters"  # where `chapters` and `lab` write, by default
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,12 +54,33 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand, with the help text of every option."""
     parser = _Parser(prog=PROG, description="Train, sample and check the tiny LLaMA-style "
                      "transformer of the xenith-edu book, in NumPy on the CPU.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_train(sub)
     _add_others(sub)
     hf.add_parsers(sub)
     _add_classroom(sub)
+    _add_chapters(sub)
     return parser
+
+
+def _add_chapters(sub: argparse._SubParsersAction) -> None:
+    help_out = ("folder for the student notebooks (default: %(default)s); the notebooks "
+                "already there are your work and are kept, missing chapters are added")
+    p = sub.add_parser("chapters", help="write the book's chapters, as student notebooks",
+                       description="Write the student version of every chapter of the book "
+                       "(solutions replaced by stubs) from the installed package into a folder. "
+                       "What the chapters read is package data: they run from any folder.")
+    p.add_argument("--out", metavar="DIR", default=CHAPTERS_DIR, help=help_out)
+    p.set_defaults(func=_cmd_chapters)
+    p = sub.add_parser("lab", help="open the student notebooks of the chapters in JupyterLab",
+                       description="Write the student notebooks as `chapters` does, then open "
+                       "JupyterLab on that folder (the lab extra: pip install "
+                       "\"xenith-edu[lab]\").")
+    p.add_argument("--out", metavar="DIR", default=CHAPTERS_DIR, help=help_out)
+    p.add_argument("--allow-root", action="store_true",
+                   help="let JupyterLab run as root (in a container)")
+    p.set_defaults(func=_cmd_lab)
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -335,6 +358,33 @@ def _cmd_student(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_chapters(args: argparse.Namespace) -> int:
+    from ..classroom.student import write_chapters  # imported only when asked for
+
+    written, kept = write_chapters(args.out)
+    print(f"wrote {len(written)} student notebook(s) into {args.out}" + (
+        f"; kept the {len(kept)} already there" if kept else ""))
+    return 0
+
+
+def _cmd_lab(args: argparse.Namespace) -> int:
+    import importlib.util  # only when asked for
+    import subprocess  # only when asked for
+
+    if importlib.util.find_spec("jupyterlab") is None:
+        raise ValueError("JupyterLab is not installed: pip install \"xenith-edu[lab]\" (or "
+                         f"open the notebooks that `{PROG} chapters` writes in any Jupyter)")
+    _cmd_chapters(args)
+    command = [sys.executable, "-m", "jupyterlab", *(["--allow-root"] if args.allow_root
+                                                      else []), args.out]
+    lab = subprocess.Popen(command)
+    while True:
+        try:
+            return lab.wait()
+        except KeyboardInterrupt:  # Ctrl-C is JupyterLab's: it asks whether to stop
+            continue
+
+
 def _cmd_grade(args: argparse.Namespace) -> int:
     from .. import classroom  # written separately; imported only when asked for
 
@@ -411,5 +461,6 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except Stopped as e:  # a data-parallel run stopped; one rank has printed why
         return e.code
-    except (ValueError, OSError, TrainingDiverged, KeyboardInterrupt) as e:
+    except (ValueError, OSError, ImportError, TrainingDiverged, KeyboardInterrupt) as e:
+        # ImportError: a missing extra, named in its one line (classroom/student.py)
         return _report(args.command, e)

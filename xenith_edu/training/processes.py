@@ -16,7 +16,8 @@ descriptor, so nothing is left behind however any process ends. Ctrl-C reaches o
 (a worker ignores SIGINT, and the caller stops it); a worker whose caller dies reads the end of
 its pipe and exits; a worker that dies makes the call raise RuntimeError. After any failure or
 interrupt in a call the workers are stopped (a pipe may be left mid-message), and the next call
-starts new ones. POSIX systems only: elsewhere `batch_shards` gives threads.
+starts new ones. POSIX systems only: elsewhere `batch_shards` gives threads, and
+`ProcessShards` of more than one process raises OSError saying so.
 """
 
 from __future__ import annotations
@@ -220,6 +221,10 @@ class ProcessShards:
 
     def __init__(self, processes: int) -> None:
         self.processes = check_count("processes", processes)
+        if self.processes > 1 and os.name != "posix":  # pass_fds, unnamed files
+            raise OSError("the shards' worker processes need POSIX (they inherit the memory "
+                          "they share as file descriptors): share the batch among threads "
+                          "instead (parallel='threads')")
         self._workers: list[_Worker] = []
         self._blocks: list[Block] = []  # the parameters' block, which every worker maps
         self._blas = ThreadpoolController()  # the caller's shard, too, runs on one core
