@@ -96,8 +96,8 @@ BROADCAST = [
     _w("broadcast_backward", "da-mean", _bc_da_mean, r"mean|average|N = \d+"),
     _w("broadcast_backward", "dc-product-of-sums", _bc_product_of_sums,
        r"product|dY \* X|elementwise"),
-    _w("broadcast_backward", "da-first-row", _bc_first_row, r"rows|sum over|axis=0|N = \d+",
-       r"mean|average"),
+    _w("broadcast_backward", "da-first-row", _bc_first_row,
+       r"first row|only one row|sum over the (N )?rows|all rows|every row", r"mean|average"),
 ]
 
 
@@ -278,12 +278,13 @@ def _ce_mixed_shift(logits, targets):
 
 CE = [
     _w("softmax_cross_entropy", "softmax-axis-0", _ce_axis0, r"axis"),
-    _w("softmax_cross_entropy", "column-index", _ce_column_index, r"target|one-?hot|row",
-       r"sign"),
+    _w("softmax_cross_entropy", "column-index", _ce_column_index,
+       r"each row's target|one-?hot|\[:, targets\]|column|rows, targets", r"sign"),
     _w("softmax_cross_entropy", "float32", _ce_float32, r"float32|precision"),
     _w("softmax_cross_entropy", "log-clip", _ce_log_clip,
        r"log.*(0|underflow)|log.?softmax|log-sum-exp|1e-12", None, "rare"),
-    _w("softmax_cross_entropy", "global-max", _ce_global_max, r"row|each row's max", None,
+    _w("softmax_cross_entropy", "global-max", _ce_global_max,
+       r"each row's max|per row|row max", None,
        "rare", "hole"),
     _w("softmax_cross_entropy", "loss-by-V", _ce_loss_by_v, r"\bV\b"),
     _w("softmax_cross_entropy", "dlogits-no-mean", _ce_no_mean_in_grad, r"N = \d+|1 ?/ ?N|mean"),
@@ -349,13 +350,14 @@ def _ls_sign(logits, targets, smoothing):
 
 
 SMOOTH = [
-    _w("label_smoothing", "over-V-minus-1", _ls_v_minus_one, r"V ?- ?1|smoothing ?/ ?V"),
+    _w("label_smoothing", "over-V-minus-1", _ls_v_minus_one, r"V ?- ?1|other tokens"),
     _w("label_smoothing", "target-forgets-share", _ls_target_forgets_share,
-       r"target|smoothing ?/ ?V"),
+       r"at the target|1 - smoothing \+ smoothing ?/ ?V"),
     _w("label_smoothing", "grad-onehot", _ls_grad_onehot, r"dlogits.*(smooth|\bq\b)|one-?hot"),
-    _w("label_smoothing", "share-not-divided", _ls_off_not_divided, r"\bV\b|smoothing ?/ ?V"),
+    _w("label_smoothing", "share-not-divided", _ls_off_not_divided,
+       r"smoothing ?/ ?V|not smoothing|sum to 1"),
     _w("label_smoothing", "no-max-shift", _ls_no_shift, r"max|[Oo]verflow", None, "rare"),
-    _w("label_smoothing", "smoothing-sign", _ls_sign, r"sign|smooth"),
+    _w("label_smoothing", "smoothing-sign", _ls_sign, r"sign|1 \+ smoothing|- smoothing ?/ ?V"),
 ]
 
 
@@ -418,10 +420,11 @@ def _swi_no_transpose(dout, x, w1, w3, w2):
 
 SWIGLU = [
     _w("swiglu_backward", "dx-gate-path-only", _swi_dx_gate_only, r"w3|dx.*(path|both|sum)"),
-    _w("swiglu_backward", "dh3-h1-not-silu", _swi_dh3_no_gate, r"silu|sigmoid|gate"),
-    _w("swiglu_backward", "dh1-without-h3", _swi_dh1_no_up, r"h3|up"),
-    _w("swiglu_backward", "sigmoid-derivative", _swi_sigmoid_grad, r"silu|sigmoid"),
-    _w("swiglu_backward", "dw2-without-h3", _swi_dw2_no_up, r"dw2.*(h3|up)|h3", r"transpos"),
+    _w("swiglu_backward", "dh3-h1-not-silu", _swi_dh3_no_gate, r"silu\(h1\)|dh3.*(silu|gate)"),
+    _w("swiglu_backward", "dh1-without-h3", _swi_dh1_no_up, r"\bh3\b"),
+    _w("swiglu_backward", "sigmoid-derivative", _swi_sigmoid_grad,
+       r"sigmoid'|derivative of (the )?sigmoid|sigmoid \* \(1 - sigmoid\)|silu'"),
+    _w("swiglu_backward", "dw2-without-h3", _swi_dw2_no_up, r"\bh3\b", r"transpos"),
     _w("swiglu_backward", "dx-no-transpose", _swi_no_transpose, r"transpos|\.T\b|shape"),
 ]
 
@@ -453,10 +456,12 @@ def _silu_tanh_without_half(z):
 
 SILU = [
     _w("silu_grad", "exp-ratio-overflow", _silu_exp_ratio, r"[Oo]verflow|exp|NaN", None, "rare"),
-    _w("silu_grad", "sigmoid-derivative", _silu_sigmoid_derivative, r"sigmoid|silu"),
-    _w("silu_grad", "dropped-factor-s", _silu_dropped_factor, r"z ?\* ?s|term|sigmoid"),
+    _w("silu_grad", "sigmoid-derivative", _silu_sigmoid_derivative,
+       r"derivative of (the )?sigmoid|sigmoid'|sigmoid \* \(1 - sigmoid\)"),
+    _w("silu_grad", "dropped-factor-s", _silu_dropped_factor,
+       r"missing|term", r"derivative of (the )?sigmoid"),
     _w("silu_grad", "float32", _silu_float32, r"float32|precision"),
-    _w("silu_grad", "tanh-without-half", _silu_tanh_without_half, r"sigmoid|tanh|z ?/ ?2|half"),
+    _w("silu_grad", "tanh-without-half", _silu_tanh_without_half, r"z ?/ ?2|half|tanh"),
 ]
 
 
@@ -508,11 +513,11 @@ def _gelu_dx_no_transpose(dout, x, w1, w2):
 
 GELU = [
     _w("gelu_mlp_backward", "first-term-only", _gelu_first_term_only,
-       r"gelu|tanh|derivative|term"),
+       r"product rule|z \* tanh'|second term|term.*missing|only 0\.5 \(1 \+ tanh"),
     _w("gelu_mlp_backward", "inner-no-3", _gelu_inner_no_three, r"0\.044715|cubic|\b3\b"),
     _w("gelu_mlp_backward", "dw2-pre-activation", _gelu_dw2_preactivation,
        r"dw2.*(gelu|activation)|gelu\(h\)"),
-    _w("gelu_mlp_backward", "erf-derivative", _gelu_erf_derivative, r"tanh|erf|approximation"),
+    _w("gelu_mlp_backward", "erf-derivative", _gelu_erf_derivative, r"erf|exact|approximation"),
     _w("gelu_mlp_backward", "dx-no-transpose", _gelu_dx_no_transpose, r"transpos|shape"),
 ]
 
@@ -569,10 +574,11 @@ RMS = [
     _w("rmsnorm_backward", "rstd-keepdims", _rms_no_keepdims, r"keepdims|broadcast|\(N, 1\)"),
     _w("rmsnorm_backward", "dw-axis-1", _rms_dw_axis1, r"axis|dw.*(shape|positions)"),
     _w("rmsnorm_backward", "dw-with-x", _rms_dw_with_x, r"xhat|normali[sz]ed|rstd"),
-    _w("rmsnorm_backward", "dw-first-row", _rms_dw_first_row, r"dw.*(sum|rows|positions|axis)",
+    _w("rmsnorm_backward", "dw-first-row", _rms_dw_first_row,
+       r"first (row|position)|only one (row|position)|every position|all positions|all rows",
        r"mean|average"),
     _w("rmsnorm_backward", "no-eps", _rms_no_eps, r"eps"),
-    _w("rmsnorm_backward", "projection-sum", _rms_sum_not_mean, r"\bd\b|mean|d = \d+"),
+    _w("rmsnorm_backward", "projection-sum", _rms_sum_not_mean, r"mean|d = \d+"),
     _w("rmsnorm_backward", "float32", _rms_float32, r"float32|precision"),
 ]
 
@@ -638,7 +644,7 @@ LAYERNORM = [
     _w("layernorm_backward", "db-mean", _ln_db_mean, r"db.*(mean|average|N = )"),
     _w("layernorm_backward", "dw-with-x", _ln_dw_with_x, r"xhat|normali[sz]ed"),
     _w("layernorm_backward", "variance-uncentred", _ln_var_uncentred,
-       r"cent(er|re)|mean|variance"),
+       r"variance|x - mean|uncent|centred|centered"),
 ]
 
 
@@ -673,7 +679,7 @@ SCALE = [
     _w("rmsnorm_scale_grad", "no-gain", _scale_no_gain, r"\bw\b|gain"),
     _w("rmsnorm_scale_grad", "axis-0", _scale_axis0, r"axis"),
     _w("rmsnorm_scale_grad", "no-eps", _scale_no_eps, r"eps|zero"),
-    _w("rmsnorm_scale_grad", "xhat-for-x", _scale_xhat, r"xhat|\bx\b|rstd"),
+    _w("rmsnorm_scale_grad", "xhat-for-x", _scale_xhat, r"xhat|rstd"),
     _w("rmsnorm_scale_grad", "keepdims", _scale_keepdims, r"keepdims|shape"),
 ]
 
@@ -849,9 +855,9 @@ def _gqa_no_mask(dout, q, k, v):
 
 GQA = [
     _w("gqa_backward", "tile-not-repeat", _gqa_tile, r"repeat|tile|group|consecutive"),
-    _w("gqa_backward", "group-mean", _gqa_mean, r"sum|mean|group|r = \d+", r"only one"),
-    _w("gqa_backward", "first-of-group", _gqa_first_of_group, r"sum|group|query heads",
-       r"average|mean"),
+    _w("gqa_backward", "group-mean", _gqa_mean, r"averag|mean", r"only one"),
+    _w("gqa_backward", "first-of-group", _gqa_first_of_group,
+       r"only one|one query head|first", r"average|mean"),
     _w("gqa_backward", "no-scale", _gqa_no_scale, r"sqrt|scale"),
     _w("gqa_backward", "no-causal-mask", _gqa_no_mask, r"mask|causal"),
 ]
@@ -918,8 +924,8 @@ def _rope_float32_tables(du, cos, sin):
 ROPE = [
     _w("rope_backward", "forward-again", _rope_forward_again,
        r"wrong way|-angle|direction|transpose"),
-    _w("rope_backward", "rotate-half-pairs", _rope_halves, r"half|pair|interleav"),
-    _w("rope_backward", "second-sign", _rope_second_sign, r"sign|sin"),
+    _w("rope_backward", "rotate-half-pairs", _rope_halves, r"rotate-half|u\[i \+ hd/2\]|halves"),
+    _w("rope_backward", "second-sign", _rope_second_sign, r"sign"),
     _w("rope_backward", "positions-reversed", _rope_positions_reversed, r"position", r"sign"),
     _w("rope_backward", "float32-tables", _rope_float32_tables, r"float32|precision"),
 ]
@@ -945,10 +951,10 @@ def _half_concat_swapped(du, cos, sin):
 
 
 HALF = [
-    _w("rope_half_backward", "interleaved-pairs", _half_interleaved, r"half|pair|interleav"),
+    _w("rope_half_backward", "interleaved-pairs", _half_interleaved, r"interleav|neighbou?r|2i"),
     _w("rope_half_backward", "forward-again", _half_forward_again,
        r"wrong way|-angle|direction|sign"),
-    _w("rope_half_backward", "halves-swapped", _half_concat_swapped, r"half|order|swap"),
+    _w("rope_half_backward", "halves-swapped", _half_concat_swapped, r"order|swap|concatenat"),
 ]
 
 
@@ -999,13 +1005,13 @@ def _freq_first_row(du_out, u, omega):
 
 
 FREQ = [
-    _w("rope_freq_grad", "no-factor-t", _freq_no_t, r"\bt\b|position"),
+    _w("rope_freq_grad", "no-factor-t", _freq_no_t, r"factor t|\bt\b"),
     _w("rope_freq_grad", "positions-from-1", _freq_from_one,
        r"position|start|t ?\+ ?1|off by one|0-based"),
-    _w("rope_freq_grad", "unrotated-u", _freq_unrotated, r"rotat|u'|rope\(u\)"),
+    _w("rope_freq_grad", "unrotated-u", _freq_unrotated, r"u'|rope\(u\)|rotated pair|rotated u"),
     _w("rope_freq_grad", "quarter-turn-sign", _freq_sign, r"sign"),
-    _w("rope_freq_grad", "first-leading-row", _freq_first_row, r"sum|batch|leading|rows",
-       r"factor t"),
+    _w("rope_freq_grad", "first-leading-row", _freq_first_row,
+       r"batch|leading|every row|rows of", r"factor t"),
 ]
 
 
@@ -1111,7 +1117,7 @@ TIED = [
        r"repeat|add\.at|assign|\+=|add"),
     _w("tied_wte_grad", "head-term-mean",
        lambda x, dh, dlogits, xf, vocab_size: _scatter(x, dh, vocab_size)
-       + dlogits.T @ xf / len(xf), r"N = \d+|mean|head", r"repeat|scatter"),
+       + dlogits.T @ xf / len(xf), r"N = \d+|mean|averag", r"repeat|scatter"),
     _w("tied_wte_grad", "head-term-only",
        lambda x, dh, dlogits, xf, vocab_size: dlogits.T @ xf,
        r"embedding|scatter|gather|input|both"),
@@ -1296,10 +1302,11 @@ def _stack_residual_twice(dout, h, w, W, eps):
 
 
 STACK_BUG = [
-    _w("backward_find_the_bug", "adds-dout", _stack_adds_dout, r"\bdh\b|residual|layer"),
-    _w("backward_find_the_bug", "forward-order", _stack_forward_order, r"layer|order|revers"),
+    _w("backward_find_the_bug", "adds-dout", _stack_adds_dout, r"dout|residual|top gradient"),
+    _w("backward_find_the_bug", "forward-order", _stack_forward_order,
+       r"order|revers|last layer first"),
     _w("backward_find_the_bug", "residual-twice", _stack_residual_twice,
-       r"\bdh\b|residual|twice|\b2\b"),
+       r"twice|\b2\b|residual"),
 ]
 
 
@@ -1383,13 +1390,14 @@ def _aw_old_moments(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay):
 
 
 ADAMW = [
-    _w("adamw_update", "v-uncorrected", _aw_v_uncorrected, r"v_hat|bias correction|beta2"),
-    _w("adamw_update", "decay-after-step", _aw_decay_after, r"decay|order|before", r"missing"),
+    _w("adamw_update", "v-uncorrected", _aw_v_uncorrected, r"v_hat|v is not|second moment"),
+    _w("adamw_update", "decay-after-step", _aw_decay_after,
+       r"order|before|after the step|decayed p", r"missing"),
     _w("adamw_update", "betas-swapped", _aw_betas_swapped, r"beta1|beta2|swap"),
-    _w("adamw_update", "t-minus-1", _aw_t_minus_one, r"t ?- ?1|bias correction|1-based"),
+    _w("adamw_update", "t-minus-1", _aw_t_minus_one, r"t ?- ?1|1-based|0-based"),
     _w("adamw_update", "no-sqrt", _aw_no_sqrt, r"sqrt"),
-    _w("adamw_update", "old-moments-returned", _aw_old_moments, r"\bm\b|\bv\b|moment",
-       r"bias correction"),
+    _w("adamw_update", "old-moments-returned", _aw_old_moments,
+       r"old|updated|new m|moments? (are|is) not", r"bias correction"),
 ]
 
 
@@ -1440,12 +1448,13 @@ def _lr_min_max_swapped(step, max_lr, min_lr, warmup_steps, decay_steps):
 
 LR = [
     _w("lr_schedule", "warmup-inclusive", _lr_warmup_inclusive,
-       r"warmup|boundary|<=|off by one"),
-    _w("lr_schedule", "full-cosine", _lr_full_cosine, r"half|cos|pi"),
+       r"boundary|<=|off by one|step == warmup|at step warmup"),
+    _w("lr_schedule", "full-cosine", _lr_full_cosine,
+       r"half (a )?cos|2 ?\*? ?pi|full (cosine|period)"),
     _w("lr_schedule", "progress-over-decay-steps", _lr_progress_over_decay,
        r"progress|decay_steps - warmup_steps"),
     _w("lr_schedule", "warmup-over-w-plus-1", _lr_warmup_plus_one,
-       r"warmup|off by one|step ?\+ ?1", r"cosine|decay"),
+       r"warmup_steps \+ 1|divid|off by one", r"cosine|decay"),
     _w("lr_schedule", "min-max-swapped", _lr_min_max_swapped, r"min_lr|max_lr|swap|direction"),
 ]
 
@@ -1484,8 +1493,8 @@ def _l2_sign(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay):
 ADAM_L2 = [
     _w("adam_l2_update", "decoupled", _l2_decoupled, r"AdamW|decoupl|through the gradient|L2"),
     _w("adam_l2_update", "half-decay", _l2_half, r"weight_decay|\b2\b|half|0\.5"),
-    _w("adam_l2_update", "v-without-l2", _l2_v_raw, r"\bv\b|moment|g\*\*2|both"),
-    _w("adam_l2_update", "l2-sign", _l2_sign, r"sign|weight_decay"),
+    _w("adam_l2_update", "v-without-l2", _l2_v_raw, r"\bv\b|second moment"),
+    _w("adam_l2_update", "l2-sign", _l2_sign, r"sign"),
 ]
 
 
@@ -1520,7 +1529,7 @@ MEMORY = [
        r"product|dout \* out|elementwise"),
     _w("softmax_rowsum", "matrix-row-sum",
        lambda dout, out: np.sum(dout @ np.swapaxes(out, -1, -2), axis=-1),
-       r"diagonal|same position|row"),
+       r"diagonal|same position|only its own"),
     _w("softmax_merge", "exp-inverted", _merge_exp_inverted, r"exp\(m. - m\)|rescal|sign|max"),
     _w("softmax_merge", "sigma-not-rescaled", _merge_sigma_not_rescaled,
        r"sigma.*(rescal|exp)|exp\(m"),

@@ -39,6 +39,7 @@ class Verdict:
     misleading: bool  # the diagnosis matches the entry's `absent`
     showing: int  # how many of the cases, each judged alone, reject the answer
     cases: int
+    how: str  # what the verdict rests on: "raised", "form" (shape, dtype), "values" or ""
     message: str
 
 
@@ -54,7 +55,19 @@ def judge(entry: Wrong, rng: np.random.Generator | None = None) -> Verdict:
     misleading = (not result.passed and entry.absent is not None
                   and re.search(entry.absent, text) is not None)
     return Verdict(entry, not result.passed, named, misleading, showing, len(cases),
-                   result.message)
+                   _how(result), result.message)
+
+
+def _how(result: ex.CheckResult) -> str:
+    if result.passed:
+        return ""
+    first = result.message.splitlines()[1:2]
+    text = first[0].strip() if first else ""
+    if text.startswith("your function raised"):
+        return "raised"
+    if " is wrong:" in text or " NaN" in text or " inf" in text:
+        return "values"
+    return "form"
 
 
 def _pct(a: int, b: int) -> str:
@@ -81,6 +94,10 @@ def report(verdicts: list[Verdict], show: bool = False) -> None:
     print(f"right diagnosis (on rejected): {_pct(len(named), len(rejected))}")
     clean = [v for v in named if not v.misleading]
     print(f"  ... and nothing misleading with it: {_pct(len(clean), len(rejected))}")
+    for how in ("values", "form", "raised"):
+        group = [v for v in rejected if v.how == how]
+        named_here = sum(v.named for v in group)
+        print(f"  rejected on {how}: {len(group)}, named {_pct(named_here, len(group))}")
     mis = [v for v in rejected if v.misleading]
     print(f"misleading diagnoses: {len(mis)}" + (": " + ", ".join(v.entry.id for v in mis)
                                                  if mis else ""))
