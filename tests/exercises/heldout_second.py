@@ -1342,6 +1342,181 @@ CROSSOVER = [
 ]
 
 
+
+
+# ---------------------------------------------------------------------------------- capstone
+# The learner's my_layer_backward runs the forward the chapter gives (`layer_steps`) and goes
+# back through its 36 steps, in four stages; each wrong answer below reuses the learner's
+# right stages and writes the stage that holds its mistake out again, with the mistake in it.
+
+
+def _cap_ffn(t, w1, w3, w2, g2, dy, eps):
+    """Steps 36 to 25: df ... dh1."""
+    d = dy.shape[1]
+    df = dy
+    dgg, dw2 = df @ w2.T, t["gg"].T @ df
+    dsu, dgt = dgg * t["gt"], dgg * t["su"]
+    dsg = dsu * t["u"]
+    du = dsu * t["sg"] + dsg * t["sg"] * (1 - t["sg"])
+    dw1, dw3 = t["x2"].T @ du, t["x2"].T @ dgt
+    dx2 = du @ w1.T + dgt @ w3.T
+    dg2, dhn2 = (dx2 * t["hn2"]).sum(axis=0), dx2 * g2
+    dr2 = (dhn2 * t["h1"]).sum(axis=1, keepdims=True)
+    dms2 = dr2 * -0.5 * (t["ms2"] + eps) ** -1.5
+    dsq2 = np.ones_like(t["sq2"]) * dms2 / d
+    dh1 = dy + dhn2 * t["r2"] + dsq2 * 2 * t["h1"]
+    return [df, dgg, dw2, dsu, dgt, dsg, du, dw1, dw3, dx2, dg2, dhn2, dr2, dms2, dsq2, dh1]
+
+
+def _cap_attention(t, dh1, wo):
+    """Steps 24 to 21: do, da, dwo, dp, dv, dden."""
+    do = dh1
+    da, dwo = do @ wo.T, t["a"].T @ do
+    dp, dv = da @ t["v"].T, t["p"].T @ da
+    dden = (-dp * t["e"] / t["den"] ** 2).sum(axis=1, keepdims=True)
+    return [do, da, dwo, dp, dv, dden]
+
+
+def _cap_scores(t, dp, dden):
+    """Steps 21 to 10: de ... dk0."""
+    from xenith_edu.exercises.capstone import pairswap  # given with the forward
+
+    S, d = t["q"].shape
+    de = dp / t["den"] + dden
+    dzs = de * t["e"]
+    dm = -dzs.sum(axis=1, keepdims=True)
+    dzm = dzs.copy()
+    dzm[np.arange(S), t["zm"].argmax(axis=1)] += dm[:, 0]
+    dz = np.where(np.tril(np.ones((S, S), dtype=bool)), dzm, 0).astype(dzm.dtype)
+    ds = dz / math.sqrt(d)
+    C, Sn = np.repeat(t["cos"], 2, axis=1), np.repeat(t["sin"], 2, axis=1)  # (S, d)
+    dq, dk = ds @ t["k"], ds.T @ t["q"]
+    dq0s, dk0s = dq * Sn, dk * Sn
+    return [de, dzs, dm, dzm, dz, ds, dq, dk, dq0s, dq * C - pairswap(dq0s), dk0s,
+            dk * C - pairswap(dk0s)]
+
+
+def _cap_bottom(t, g, tokens, wte, g1, wq, wk, wv, eps):
+    """Steps 9 to 1: dwq ... dwte."""
+    h = t["h"]
+    d = h.shape[1]
+    dwq, dwk, dwv = t["x1"].T @ g["dq0"], t["x1"].T @ g["dk0"], t["x1"].T @ g["dv"]
+    dx1 = g["dq0"] @ wq.T + g["dk0"] @ wk.T + g["dv"] @ wv.T
+    dg1, dhn1 = (dx1 * t["hn1"]).sum(axis=0), dx1 * g1
+    dr1 = (dhn1 * h).sum(axis=1, keepdims=True)
+    dms1 = dr1 * -0.5 * (t["ms1"] + eps) ** -1.5
+    dsq1 = np.ones_like(h) * dms1 / d
+    dh = g["dh1"] + dhn1 * t["r1"] + dsq1 * 2 * h
+    dwte = np.zeros_like(wte)
+    np.add.at(dwte, tokens, dh)
+    return [dwq, dwk, dwv, dx1, dg1, dhn1, dr1, dms1, dsq1, dh, dwte]
+
+
+_CAP_NAMES = ("df dgg dw2 dsu dgt dsg du dw1 dw3 dx2 dg2 dhn2 dr2 dms2 dsq2 dh1 do da dwo dp dv "
+              "dden de dzs dm dzm dz ds dq dk dq0s dq0 dk0s dk0 dwq dwk dwv dx1 dg1 dhn1 dr1 "
+              "dms1 dsq1 dh dwte").split()
+
+
+def _cap_layer(args, ffn=_cap_ffn, attention=_cap_attention, scores=_cap_scores,
+               bottom=_cap_bottom):
+    """The learner's my_layer_backward, from its four stages."""
+    from xenith_edu.exercises.capstone import layer_steps  # the forward the chapter gives
+
+    tokens, wte, g1, wq, wk, wv, wo, g2, w1, w3, w2, cos, sin, dy, eps = args
+    t = layer_steps(tokens, wte, g1, wq, wk, wv, wo, g2, w1, w3, w2, cos, sin, eps)
+    t = {**t, "cos": cos, "sin": sin}
+    g = dict(zip(_CAP_NAMES[:16], ffn(t, w1, w3, w2, g2, dy, eps), strict=True))
+    g.update(zip(_CAP_NAMES[16:22], attention(t, g["dh1"], wo), strict=True))
+    g.update(zip(_CAP_NAMES[22:34], scores(t, g["dp"], g["dden"]), strict=True))
+    g.update(zip(_CAP_NAMES[34:], bottom(t, g, tokens, wte, g1, wq, wk, wv, eps), strict=True))
+    return tuple(g[name] for name in _CAP_NAMES)
+
+
+def _cap_ffn_dr2_keepdims(t, w1, w3, w2, g2, dy, eps):
+    d = dy.shape[1]
+    first = _cap_ffn(t, w1, w3, w2, g2, dy, eps)[:12]  # df ... dhn2, right
+    dhn2 = first[-1]
+    dr2 = (dhn2 * t["h1"]).sum(axis=1)  # (S,): keepdims forgotten
+    dms2 = dr2 * -0.5 * (t["ms2"] + eps) ** -1.5
+    dsq2 = np.ones_like(t["sq2"]) * dms2 / d
+    dh1 = dy + dhn2 * t["r2"] + dsq2 * 2 * t["h1"]
+    return first + [dr2, dms2, dsq2, dh1]
+
+
+def _cap_attention_dv_untransposed(t, dh1, wo):
+    do = dh1
+    da, dwo = do @ wo.T, t["a"].T @ do
+    dp, dv = da @ t["v"].T, t["p"] @ da
+    dden = (-dp * t["e"] / t["den"] ** 2).sum(axis=1, keepdims=True)
+    return [do, da, dwo, dp, dv, dden]
+
+
+def _cap_attention_dden_sign(t, dh1, wo):
+    do = dh1
+    da, dwo = do @ wo.T, t["a"].T @ do
+    dp, dv = da @ t["v"].T, t["p"].T @ da
+    dden = (dp * t["e"] / t["den"] ** 2).sum(axis=1, keepdims=True)
+    return [do, da, dwo, dp, dv, dden]
+
+
+def _cap_scores_times_sqrt(t, dp, dden):
+    right = _cap_scores(t, dp, dden)
+    d = t["q"].shape[1]
+    ds = right[4] * math.sqrt(d)  # s * (1 / sqrt(d)) read as s / (1 / sqrt(d))
+    return right[:5] + _cap_scores_from_ds(t, ds)
+
+
+def _cap_scores_from_ds(t, ds):
+    from xenith_edu.exercises.capstone import pairswap
+
+    C, Sn = np.repeat(t["cos"], 2, axis=1), np.repeat(t["sin"], 2, axis=1)
+    dq, dk = ds @ t["k"], ds.T @ t["q"]
+    dq0s, dk0s = dq * Sn, dk * Sn
+    return [ds, dq, dk, dq0s, dq * C - pairswap(dq0s), dk0s, dk * C - pairswap(dk0s)]
+
+
+def _cap_bottom_dg1_axis(t, g, tokens, wte, g1, wq, wk, wv, eps):
+    right = _cap_bottom(t, g, tokens, wte, g1, wq, wk, wv, eps)
+    dx1 = right[3]
+    return right[:4] + [(dx1 * t["hn1"]).sum(axis=1)] + right[5:]
+
+
+def _cap_bottom_dms1_power(t, g, tokens, wte, g1, wq, wk, wv, eps):
+    h = t["h"]
+    d = h.shape[1]
+    right = _cap_bottom(t, g, tokens, wte, g1, wq, wk, wv, eps)
+    dhn1, dr1 = right[5], right[6]
+    dms1 = dr1 * -0.5 * (t["ms1"] + eps) ** -0.5
+    dsq1 = np.ones_like(h) * dms1 / d
+    dh = g["dh1"] + dhn1 * t["r1"] + dsq1 * 2 * h
+    dwte = np.zeros_like(wte)
+    np.add.at(dwte, tokens, dh)
+    return right[:7] + [dms1, dsq1, dh, dwte]
+
+
+def _capstone(**stages):
+    def my_layer_backward(tokens, wte, g1, wq, wk, wv, wo, g2, w1, w3, w2, cos, sin, dy, eps):
+        args = (tokens, wte, g1, wq, wk, wv, wo, g2, w1, w3, w2, cos, sin, dy, eps)
+        return _cap_layer(args, **stages)
+    return my_layer_backward
+
+
+CAPSTONE = [
+    _w("capstone_layer", "dr2-keepdims", _capstone(ffn=_cap_ffn_dr2_keepdims),
+       r"keepdims|dr2|\(S, 1\)"),
+    _w("capstone_layer", "dv-untransposed", _capstone(attention=_cap_attention_dv_untransposed),
+       r"\bdv\b.*(transpos|p\.T)"),
+    _w("capstone_layer", "dden-sign", _capstone(attention=_cap_attention_dden_sign),
+       r"dden.*(sign|minus|-dp)"),
+    _w("capstone_layer", "ds-times-sqrt-d", _capstone(scores=_cap_scores_times_sqrt),
+       r"\bds\b.*(scale|sqrt)"),
+    _w("capstone_layer", "dg1-axis-1", _capstone(bottom=_cap_bottom_dg1_axis),
+       r"dg1.*(axis|rows|shape)"),
+    _w("capstone_layer", "dms1-power", _capstone(bottom=_cap_bottom_dms1_power),
+       r"dms1.*(-1\.5|power|derivative)"),
+]
+
+
 # ---------------------------------------------------------------------------------- training
 
 
@@ -1742,5 +1917,5 @@ LLAMA = [
 HELDOUT_SECOND: list[Wrong] = (
     BROADCAST + BLOCK + CE + SMOOTH + SWIGLU + SILU + GELU + RMS + LAYERNORM + SCALE + ATTENTION
     + ATTENTION_BUG + GQA + CACHE + ROPE + HALF + FREQ + PERM + EMBEDDING + TIED + POSITION
-    + LINEAR + RESIDUAL + STACK_BUG + CROSSOVER + ADAMW + LR + ADAM_L2 + MEMORY + PARALLEL + TORCH
-    + HF + LLAMA)
+    + LINEAR + RESIDUAL + STACK_BUG + CROSSOVER + CAPSTONE + ADAMW + LR + ADAM_L2 + MEMORY
+    + PARALLEL + TORCH + HF + LLAMA)
