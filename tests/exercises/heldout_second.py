@@ -740,6 +740,16 @@ def _att_head0_copied(dout, q, k, v):
     return tuple(np.broadcast_to(g, q.shape).copy() for g in grads)
 
 
+def _att_first_sequence_copied(dout, q, k, v):
+    hd = q.shape[-1]
+    q0, k0, v0, do0 = q[:1], k[:1], v[:1], dout[:1]  # (1, H, S, hd): the first sequence
+    P = _softmax(_causal(q0 @ np.swapaxes(k0, -1, -2) / math.sqrt(hd)))
+    dP = do0 @ np.swapaxes(v0, -1, -2)
+    dS = P * (dP - np.sum(P * dP, axis=-1, keepdims=True)) / math.sqrt(hd)
+    grads = dS @ k0, np.swapaxes(dS, -1, -2) @ q0, np.swapaxes(P, -1, -2) @ do0
+    return tuple(np.broadcast_to(g, q.shape).copy() for g in grads)
+
+
 ATTENTION = [
     _w("attention_backward", "mask-diagonal", _att_masks_diagonal, r"diagonal|mask"),
     _w("attention_backward", "no-max-shift", _att_no_max_shift, r"max|[Oo]verflow", None,
@@ -748,6 +758,8 @@ ATTENTION = [
     _w("attention_backward", "times-sqrt", _att_times_sqrt, r"sqrt|scale"),
     _w("attention_backward", "rowsum-of-dP", _att_rowsum_of_dP, r"P \* dP|row.?sum|Jacobian"),
     _w("attention_backward", "head-0-copied", _att_head0_copied, r"head", r"mask|leak"),
+    _w("attention_backward", "first-sequence-copied", _att_first_sequence_copied,
+       r"sequence|batch", r"mask|leak", "rare", "hole"),
 ]
 
 
@@ -853,6 +865,20 @@ def _gqa_no_mask(dout, q, k, v):
             dve.reshape(B, G, H // G, S, hd).sum(axis=2))
 
 
+def _gqa_first_sequence_copied(dout, q, k, v):
+    B, H, S, hd = q.shape
+    G = k.shape[1]
+    q0, k0, v0, do0 = q[:1], k[:1], v[:1], dout[:1]  # the first sequence only
+    ke, ve = np.repeat(k0, H // G, axis=1), np.repeat(v0, H // G, axis=1)
+    P = _gqa_probs(q0, ke)
+    dP = do0 @ np.swapaxes(ve, -1, -2)
+    dS = P * (dP - np.sum(P * dP, axis=-1, keepdims=True)) / math.sqrt(hd)
+    dke, dve = np.swapaxes(dS, -1, -2) @ q0, np.swapaxes(P, -1, -2) @ do0
+    dk = dke.reshape(1, G, H // G, S, hd).sum(axis=2)
+    dv = dve.reshape(1, G, H // G, S, hd).sum(axis=2)
+    return tuple(np.broadcast_to(g, a.shape).copy() for g, a in ((dS @ ke, q), (dk, k), (dv, v)))
+
+
 GQA = [
     _w("gqa_backward", "tile-not-repeat", _gqa_tile, r"repeat|tile|group|consecutive"),
     _w("gqa_backward", "group-mean", _gqa_mean, r"averag|mean", r"only one"),
@@ -860,6 +886,8 @@ GQA = [
        r"only one|one query head|first", r"average|mean"),
     _w("gqa_backward", "no-scale", _gqa_no_scale, r"sqrt|scale"),
     _w("gqa_backward", "no-causal-mask", _gqa_no_mask, r"mask|causal"),
+    _w("gqa_backward", "first-sequence-copied", _gqa_first_sequence_copied, r"sequence|batch",
+       r"mask|leak", "rare"),
 ]
 
 
