@@ -1,0 +1,110 @@
+"""The second held-out catalogue (heldout_second.py) is well-formed, and today's checks reject it.
+
+Only what must keep holding while the diagnosis changes is asserted: every entry is a function
+with its exercise's signature, gives answers of its own (none of heldout.py's, none of another
+entry's), and is rejected unless flagged "hole". How well the diagnosis names the mistakes is
+measured by measure_heldout_second.py, never asserted here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import numpy as np
+import pytest
+
+import xenith_edu.exercises as ex
+
+from .heldout import HELDOUT
+from .heldout_second import HELDOUT_SECOND, Wrong
+
+FLAGS = {"rare", "hole"}
+NOT_HOLES = [e for e in HELDOUT_SECOND if "hole" not in e.flags]
+PLAIN = [e for e in NOT_HOLES if "rare" not in e.flags]
+
+
+def _ids(entries: list[Wrong]) -> list[str]:
+    return [e.id for e in entries]
+
+
+def test_the_catalogue_is_large_and_broad():
+    exercises = {e.exercise for e in HELDOUT_SECOND}
+    assert len(HELDOUT_SECOND) >= 90
+    assert len(exercises) >= 20
+    assert len({ex.SPECS[name].chapter for name in exercises}) >= 8
+    assert len(set(_ids(HELDOUT_SECOND))) == len(HELDOUT_SECOND), "an id is used twice"
+
+
+@pytest.mark.parametrize("entry", HELDOUT_SECOND, ids=_ids(HELDOUT_SECOND))
+def test_every_entry_is_well_formed(entry):
+    assert entry.exercise in ex.SPECS
+    assert entry.flags <= FLAGS, entry.flags
+    re.compile(entry.want)
+    if entry.absent is not None:
+        re.compile(entry.absent)
+
+
+@pytest.mark.parametrize("entry", HELDOUT_SECOND, ids=_ids(HELDOUT_SECOND))
+def test_every_entry_has_the_exercise_signature(entry):
+    """The learner's function takes the exercise's arguments, by the exercise's names, and
+    binds every input of the check; it answers, raises or returns a wrong value, but never
+    changes its inputs (the mistake is in what it returns)."""
+    spec = ex.SPECS[entry.exercise]
+    assert callable(entry.fn)
+    params = list(inspect.signature(entry.fn).parameters.values())
+    assert all(p.kind == p.POSITIONAL_OR_KEYWORD for p in params), params
+    assert tuple(p.name for p in params) == spec.arg_names
+    for case in spec.inputs():
+        inspect.signature(entry.fn).bind(*case.args)
+        outcome = ex.run(entry.fn, case.args)
+        assert not isinstance(outcome, ex.InPlace | ex.NotCallable), (case.label, outcome)
+
+
+@pytest.mark.parametrize("entry", NOT_HOLES, ids=_ids(NOT_HOLES))
+def test_every_entry_not_a_hole_is_rejected(entry):
+    spec = ex.SPECS[entry.exercise]
+    result = ex.judge(spec, [(c, ex.run(entry.fn, c.args)) for c in spec.inputs()])
+    assert result.status == ex.Status.FAILED and not result.passed, result.message
+
+
+@pytest.mark.parametrize("entry", PLAIN, ids=_ids(PLAIN))
+def test_plain_entries_are_rejected_on_other_draws_of_the_cases(entry):
+    """A mistake not flagged "rare" shows on ordinary inputs: any draw of the cases rejects it."""
+    spec = ex.SPECS[entry.exercise]
+    for seed in (1, 2, 3):
+        inputs = spec.inputs(np.random.default_rng(seed))
+        result = ex.judge(spec, [(c, ex.run(entry.fn, c.args)) for c in inputs])
+        assert not result.passed, f"seed {seed}: {result.message}"
+
+
+def _answers(fn: object, inputs: list) -> list:
+    return [ex.run(fn, case.args) for case in inputs]
+
+
+def _same(a: list, b: list) -> bool:
+    """Whether two lists of outcomes are the same answers (raising ones are never the same)."""
+    for x, y in zip(a, b, strict=True):
+        xs, ys = (x if isinstance(x, tuple) else (x,)), (y if isinstance(y, tuple) else (y,))
+        if len(xs) != len(ys):
+            return False
+        for u, v in zip(xs, ys, strict=True):
+            try:
+                u, v = np.asarray(u, dtype=np.float64), np.asarray(v, dtype=np.float64)
+            except (TypeError, ValueError):
+                return False
+            if u.shape != v.shape or not np.allclose(u, v, rtol=1e-9, atol=0, equal_nan=True):
+                return False
+    return True
+
+
+@pytest.mark.parametrize("name", sorted({e.exercise for e in HELDOUT_SECOND}))
+def test_entries_are_new_mistakes(name):
+    """No entry gives the answers of a heldout.py entry, or of another entry, on any input."""
+    inputs = ex.SPECS[name].inputs()
+    mine = [(e.id, _answers(e.fn, inputs)) for e in HELDOUT_SECOND if e.exercise == name]
+    first = [(f"heldout.py #{i}", _answers(h[1], inputs))
+             for i, h in enumerate(HELDOUT) if h[0] == name]
+    for k, (label, answers) in enumerate(mine):
+        for other, theirs in mine[:k] + first:
+            assert not _same(answers, theirs), f"{label} answers as {other} does"
