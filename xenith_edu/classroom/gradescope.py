@@ -24,6 +24,7 @@ import tempfile
 import time
 import traceback
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..tools.util import atomic_write, atomic_write_text, one_line
@@ -174,7 +175,7 @@ def build(notebooks: Path, out: Path, chapters: list[str] | None = None, *,
         exercises = teacher_exercises(student, [])  # raises when no notebook checks anything
         parts = read_parts(student, exercises)
         names = [name for name, _ in exercises]
-        settings = {"notebooks": names, "timeout": float(timeout), "call_time": float(call_time),
+        settings = {"timeout": float(timeout), "call_time": float(call_time),
                     "memory": memory, "visibility": visibility,
                     "parts": [p.as_dict() for p in parts]}
         members = [("setup.sh", SETUP.replace("@WHEEL@", wheel).encode(), 0o755),
@@ -196,17 +197,35 @@ def build(notebooks: Path, out: Path, chapters: list[str] | None = None, *,
 # The runner, in Gradescope's container.
 
 
-def _settings(source: Path) -> dict:
-    path = source / SETTINGS
+@dataclass(frozen=True)
+class Settings:
+    """The archive's settings, as `build` wrote them and the runner's one gate checked them."""
+
+    parts: tuple[Part, ...]
+    timeout: float
+    call_time: float
+    memory: int | None
+    visibility: str
+
+
+def read_settings(source: Path) -> Settings:
+    """The settings file of the archive unpacked in `source`; ValueError in one line if it is
+    not the one `build` wrote."""
+    bad = f"{SETTINGS} is not the settings that xenith-edu gradescope wrote: upload its archive"
     try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{SETTINGS} cannot be read ({one_line(exc)}): upload the archive "
-                         "that xenith-edu gradescope wrote") from None
-    if not isinstance(settings, dict) or not isinstance(settings.get("parts"), list):
-        raise ValueError(f"{SETTINGS} is not the archive's settings: upload the archive that "
-                         "xenith-edu gradescope wrote")
-    return settings
+        raw = json.loads((source / SETTINGS).read_text(encoding="utf-8"))
+        parts = tuple(Part.from_dict(d) for d in raw["parts"])
+        memory = raw["memory"]
+        found = Settings(parts, raw["timeout"], raw["call_time"], memory, raw["visibility"])
+        _check_settings(found.timeout, found.call_time, memory, found.visibility)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"{bad} ({one_line(exc)[:200]})") from None
+    if not parts or not all(p.points or p.questions for p in parts):
+        raise ValueError(f"{bad} (a notebook without exercises)")
+    worth = [x for p in parts for x in [*p.points.values(), *(q.points for q in p.questions)]]
+    if not all(math.isfinite(x) and x >= 0 for x in worth):
+        raise ValueError(f"{bad} (points that are not a number, 0 or more)")
+    return found
 
 
 def _copy_submission(submission: Path, subs: Path) -> bool:
@@ -218,26 +237,26 @@ def _copy_submission(submission: Path, subs: Path) -> bool:
     return True
 
 
-def grade_submission(root: Path, work: Path) -> tuple[list[dict], list[str], list[Part], dict]:
+def grade_submission(root: Path, work: Path
+                     ) -> tuple[list[dict], list[str], list[Part], Settings]:
     """Grade root/submission with the archive's settings: the CSV's rows, the lines about the
     submission as a whole, the parts and the settings."""
     from .grading import grade  # the grader, only when a submission is graded
 
     source = root / "source"
-    settings = _settings(source)
-    parts = [Part.from_dict(d) for d in settings["parts"]]
+    settings = read_settings(source)
+    parts = list(settings.parts)
     subs, out = work / "subs", work / "out"
     subs.mkdir()
     out.mkdir()
     if not _copy_submission(root / "submission", subs):
         return [], ["Nothing was handed in: upload your notebook(s), named as the "
                     f"assignment's: {', '.join(p.notebook for p in parts)}."], parts, settings
-    memory = settings.get("memory")
-    grade(subs, out / "grades.csv", float(settings["timeout"]), instructor=source / INSTRUCTOR,
-          jobs=1, progress=False, call_time=float(settings["call_time"]),
-          memory=int(memory) if memory else None)
+    grade(subs, out / "grades.csv", settings.timeout, instructor=source / INSTRUCTOR, jobs=1,
+          progress=False, call_time=settings.call_time, memory=settings.memory)
     rows = [r for _, r in read_csv(out / "grades.csv", "grades CSV",
                                    ("learner", "exercise", "status", "points", "message"))]
+    rows = [r for r in rows if r["learner"] == LEARNER]
     lines = [f"{r['status']}: {r['message']}" for r in rows if not r["exercise"]]
     return rows, lines, parts, settings
 
@@ -251,7 +270,8 @@ def _test(part: Part, item: str, most: float, rows: list[dict], written: bool,
         return {**test, "score": 0.0, "output": BY_HAND}
     passed = bool(mine) and all(r["status"] == Row.PASSED.value for r in mine)
     output = "\n".join(r["message"] for r in mine) or "not graded: no verdict for this exercise"
-    return {**test, "score": most if passed else 0.0, "status": "passed" if passed else "failed",
+    score = min(most, sum(float(r["points"] or 0) for r in mine))  # the course's points
+    return {**test, "score": score, "status": "passed" if passed else "failed",
             "output": output[:MAX_OUTPUT]}
 
 
@@ -281,8 +301,7 @@ def run(root: Path) -> dict:
     work = Path(tempfile.mkdtemp(prefix="xenith-autograder-"))
     try:
         rows, lines, parts, settings = grade_submission(root, work)
-        out = results(rows, lines, parts, str(settings.get("visibility", "visible")),
-                      time.monotonic() - started)
+        out = results(rows, lines, parts, settings.visibility, time.monotonic() - started)
     except (Exception, KeyboardInterrupt) as exc:  # whatever happens, Gradescope gets a JSON
         traceback.print_exc()
         out = {"score": 0.0, "execution_time": round(time.monotonic() - started, 1),
