@@ -320,4 +320,5 @@ def test_a_graded_class_gives_its_statistics(tmp_path):
     assert len(twice) == 1 and "factor of 2" in twice[0]["mistake"], mistake_rows(stats)
     md = (tmp_path / "stats" / "stats.md").read_text()
     assert "- Absent (not submitted): 1: abe" in md and "zed (2)" in md
+    assert "- **linear\\_backward**: 1 of 4 passed, 3 failed" in md
     assert "| why | written | 4 | 0 | 0 graded, 4 to grade | 0 | 1 |" in md

@@ -269,7 +269,10 @@ def _reteach(stats: Stats) -> list[str]:
     exercises.sort(key=lambda i: (i.passed / i.learners, i.id))
     lines = []
     for item in exercises:
-        lines.append(f"- **{_md(item.id)}**: {item.passed} of {item.learners} passed")
+        others = Counter(next(s for s in c if s != Row.PASSED.value)
+                         for c in item.statuses.values() if set(c) != {Row.PASSED.value})
+        lines.append(f"- **{_md(item.id)}**: {item.passed} of {item.learners} passed" + "".join(
+            f", {n} {_md(s)}" for s, n in sorted(others.items(), key=lambda sn: -sn[1])))
         for m, who in _ranked(item):
             n = len(who)
             lines.append(f"  - {n} learner{'s' if n != 1 else ''}: {_md(m)}")
@@ -311,6 +314,7 @@ def report(stats: Stats) -> str:
 def histogram(stats: Stats) -> bytes:
     """totals.png: the histogram of the class's totals, from 0 to the maximum (Agg, no pyplot)."""
     from matplotlib.figure import Figure  # only when the figure is drawn
+    from matplotlib.ticker import MaxNLocator  # with the figure (above)
 
     fig = Figure(figsize=(6.4, 3.6), dpi=100)
     ax = fig.add_subplot()
@@ -326,6 +330,7 @@ def histogram(stats: Stats) -> bytes:
     ax.set_xlim(0.0, top)
     ax.set_xlabel(f"total points (of {num(stats.maximum)})")
     ax.set_ylabel("learners")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(f"{figs['learners']} learners; apart: {len(stats.absent)} absent, "
                  f"{len(stats.off_roster)} not on the roster", fontsize=10)
     fig.tight_layout()
