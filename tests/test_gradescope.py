@@ -235,6 +235,46 @@ def test_the_archive_is_the_same_bytes_each_time(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
+# Hostile submissions: each is that learner's verdict in a valid results.json, never a hang.
+
+FORGE = ("import json, os, pathlib\n"
+         "p = pathlib.Path(os.environ.get('XENITH_AUTOGRADER_ROOT', '/autograder'))\n"
+         "for where in (p, pathlib.Path({root!r})):\n"
+         "    try:\n"
+         "        (where / 'results').mkdir(exist_ok=True)\n"
+         "        (where / 'results' / 'results.json').write_text(json.dumps(\n"
+         "            {{'score': 100, 'tests': []}}))\n"
+         "    except OSError:\n"
+         "        pass\n")
+
+
+def _hostile(kind: str, sub: Path, root: Path) -> None:
+    sub.mkdir()
+    if kind == "not json":
+        (sub / "lesson.ipynb").write_bytes(b"\x00\xff{not a notebook")
+    elif kind == "link":
+        (sub / "lesson.ipynb").symlink_to("/etc/passwd")
+    elif kind == "pipe":
+        os.mkfifo(sub / "lesson.ipynb")
+    elif kind == "forged results":
+        nb = lesson(WRONG)
+        nb.cells.insert(1, new_code_cell(FORGE.format(root=str(root))))
+        nbformat.write(nb, str(sub / "lesson.ipynb"))
+
+
+@pytest.mark.parametrize("kind", ["not json", "link", "pipe", "forged results"])
+def test_a_hostile_submission_is_graded_not_obeyed(lesson_zip, tmp_path, kind):
+    root = unpack(lesson_zip, tmp_path / "ag")
+    _hostile(kind, root / "submission", root)
+    with redirect_stderr(io.StringIO()):
+        results = run(root)
+    validate(results)
+    assert json.loads((root / "results" / "results.json").read_text()) == results
+    assert results["score"] == (1.0 if kind == "forged results" else 0.0)  # silu_grad alone
+    assert len(results["tests"]) == 3
+
+
+# ----------------------------------------------------------------------------------------------
 # The autograder's own failures still give the learner a results.json that Gradescope reads.
 
 
@@ -287,6 +327,28 @@ def test_corrupted_settings_still_give_a_valid_results_json(lesson_zip, tmp_path
     validate(results)
     assert json.loads((root / "results" / "results.json").read_text()) == results
     assert results["score"] == 0
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"),
+                                   RuntimeError("the sandbox could not start"),
+                                   KeyboardInterrupt()])
+def test_an_error_of_the_grader_is_every_test_at_zero_and_said(lesson_zip, tmp_path,
+                                                               monkeypatch, error):
+    import xenith_edu.classroom.grading as grading
+
+    def broken(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(grading, "grade", broken)
+    root = unpack(lesson_zip, tmp_path / "ag")
+    _hostile("not json", root / "submission", root)
+    with redirect_stderr(io.StringIO()):
+        results = run(root)
+    validate(results)
+    assert results["score"] == 0 and len(results["tests"]) == 3
+    assert "could not grade this submission" in results["output"]
+    assert all(t["output"] in (BY_HAND, "not graded: no verdict for this exercise")
+               for t in results["tests"])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -233,32 +234,44 @@ def _copy_submission(submission: Path, subs: Path) -> bool:
     False when nothing was handed in."""
     if not submission.is_dir() or not any(submission.iterdir()):
         return False
-    shutil.copytree(submission, subs / LEARNER, symlinks=True)
+    shutil.copytree(submission, subs / LEARNER, symlinks=True, ignore=_special)
     return True
 
 
-def grade_submission(root: Path, work: Path
-                     ) -> tuple[list[dict], list[str], list[Part], Settings]:
-    """Grade root/submission with the archive's settings: the CSV's rows, the lines about the
-    submission as a whole, the parts and the settings."""
+def _special(folder: str, names: list[str]) -> set[str]:
+    """The entries a copy would block on or cannot make (a pipe, a socket, a device): left
+    out, as the grader's walk leaves them out."""
+    out = set()
+    for name in names:
+        try:
+            mode = os.lstat(os.path.join(folder, name)).st_mode
+        except OSError:
+            out.add(name)
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+            out.add(name)
+    return out
+
+
+def grade_submission(root: Path, work: Path, settings: Settings
+                     ) -> tuple[list[dict], list[str]]:
+    """Grade root/submission with the archive's settings: the learner's rows of the CSV, and
+    the lines about the submission as a whole."""
     from .grading import grade  # the grader, only when a submission is graded
 
-    source = root / "source"
-    settings = read_settings(source)
-    parts = list(settings.parts)
     subs, out = work / "subs", work / "out"
     subs.mkdir()
     out.mkdir()
     if not _copy_submission(root / "submission", subs):
-        return [], ["Nothing was handed in: upload your notebook(s), named as the "
-                    f"assignment's: {', '.join(p.notebook for p in parts)}."], parts, settings
-    grade(subs, out / "grades.csv", settings.timeout, instructor=source / INSTRUCTOR, jobs=1,
-          progress=False, call_time=settings.call_time, memory=settings.memory)
+        names = ", ".join(p.notebook for p in settings.parts)
+        return [], [f"Nothing was handed in: upload your notebook(s), named as the "
+                    f"assignment's: {names}."]
+    grade(subs, out / "grades.csv", settings.timeout, instructor=root / "source" / INSTRUCTOR,
+          jobs=1, progress=False, call_time=settings.call_time, memory=settings.memory)
     rows = [r for _, r in read_csv(out / "grades.csv", "grades CSV",
                                    ("learner", "exercise", "status", "points", "message"))]
     rows = [r for r in rows if r["learner"] == LEARNER]
-    lines = [f"{r['status']}: {r['message']}" for r in rows if not r["exercise"]]
-    return rows, lines, parts, settings
+    return rows, [f"{r['status']}: {r['message']}" for r in rows if not r["exercise"]]
 
 
 def _test(part: Part, item: str, most: float, rows: list[dict], written: bool,
@@ -296,20 +309,22 @@ def results(rows: list[dict], lines: list[str], parts: list[Part], visibility: s
 
 def run(root: Path) -> dict:
     """Grade root/submission and write root/results/results.json; an error of the autograder
-    itself is said there too (score 0), never only in a log the learner cannot see."""
+    itself is said there too (every test at 0), never only in a log the learner cannot see."""
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="xenith-autograder-"))
+    parts: list[Part] = []
+    visibility = "visible"
     try:
-        rows, lines, parts, settings = grade_submission(root, work)
-        out = results(rows, lines, parts, settings.visibility, time.monotonic() - started)
+        settings = read_settings(root / "source")
+        parts, visibility = list(settings.parts), settings.visibility
+        rows, lines = grade_submission(root, work, settings)
     except (Exception, KeyboardInterrupt) as exc:  # whatever happens, Gradescope gets a JSON
         traceback.print_exc()
-        out = {"score": 0.0, "execution_time": round(time.monotonic() - started, 1),
-               "output": "The autograder could not grade this submission "
-                         f"({one_line(exc)[:500]}); tell your teacher.", "visibility": "visible",
-               "stdout_visibility": "hidden", "tests": []}
+        rows, lines = [], [f"The autograder could not grade this submission "
+                           f"({one_line(exc)[:500]}); tell your teacher."]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    out = results(rows, lines, parts, visibility, time.monotonic() - started)
     atomic_write_text(root / "results" / "results.json", json.dumps(out, indent=1) + "\n")
     return out
 
