@@ -369,8 +369,15 @@ def test_the_command_writes_the_archive_and_says_its_points(tmp_path):
                           "--chapters", "lesson", "--visibility", "after_due_date")
     assert code == 0, err
     assert "1 notebook(s), 2 exercise(s) worth 4 points, 2 points of written answers" in out
+    assert "autograder timeout above 320 s" in out  # 2 x (120 + 10) + 10 x (2 + 1) + 30
     with zipfile.ZipFile(tmp_path / "a.zip") as z:
         assert json.loads(z.read(SETTINGS))["visibility"] == "after_due_date"
+        assert '.whl"\n' in z.read("setup.sh").decode()
+    code, out, err = _cli("gradescope", str(tmp_path / "t"), "--out", str(tmp_path / "b.zip"),
+                          "--extras", "torch", "hf", "torch")
+    assert code == 0, err
+    with zipfile.ZipFile(tmp_path / "b.zip") as z:
+        assert '-py3-none-any.whl[torch,hf]"\n' in z.read("setup.sh").decode()
 
 
 def test_bad_input_to_the_command_is_one_line(tmp_path):
@@ -389,7 +396,9 @@ def test_bad_input_to_the_command_is_one_line(tmp_path):
              "not a wheel or sdist of": ("gradescope", str(tmp_path / "t"), "--out", out,
                                          "--dist", str(tmp_path / "junk.whl")),
              "does not exist": ("gradescope", str(tmp_path / "t"), "--out",
-                                str(tmp_path / "no" / "a.zip"))}
+                                str(tmp_path / "no" / "a.zip")),
+             "is not an extra of": ("gradescope", str(tmp_path / "t"), "--out", out,
+                                    "--extras", "gpu")}
     for words, argv in cases.items():
         code, _, err = _cli(*argv)
         assert code == 1 and words in err and err.count("\n") == 1, (words, err)

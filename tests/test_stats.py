@@ -11,6 +11,7 @@ the rows, change nothing of the class's figures. One small class is graded for r
 
 from __future__ import annotations
 
+import csv
 import io
 import re
 import statistics
@@ -165,6 +166,13 @@ def test_learners_apart_and_the_rows_order_change_nothing_of_the_class(tmp_path,
     shuffled = data.draw(st.permutations(cls["rows"]))
     assert everything(class_stats(files(tmp_path / "b", cls, shuffled,
                                         data.draw(st.permutations(cls["lines"]))))) == base
+    resaved = Path(tempfile.mkdtemp(dir=tmp_path))  # as a spreadsheet saves it again
+    for name in ("grades.csv", "grades.totals.csv"):
+        rows = list(csv.reader(io.StringIO((tmp_path / "a" / name).read_text(), newline="")))
+        buf = io.StringIO(newline="")
+        csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\r\n").writerows(rows)
+        (resaved / name).write_bytes(b"\xef\xbb\xbf" + buf.getvalue().encode())
+    assert everything(class_stats(resaved / "grades.csv")) == base
     kind = data.draw(st.sampled_from(["absent", "off"]))
     extra = dict(cls["lines"][0], learner="zz-extra", total="0" if kind == "absent" else
                  cls["lines"][0]["maximum"], submitted="no" if kind == "absent" else
@@ -207,7 +215,7 @@ def test_the_files_are_written_with_a_histogram_even_for_an_empty_class(tmp_path
 # Bad input: any file grade did not write is one line, through the API and the command line.
 
 
-def _mutants(cls: dict, rng) -> list[tuple[str, bytes | None, bytes | None]]:
+def _mutants(cls: dict, rng) -> list[tuple[str, bytes | str | None, bytes | None]]:
     """(what, grades bytes, totals bytes): hostile versions of a good pair of files."""
     g = csv_text(CSV_FIELDS, cls["rows"]).encode()
     t = csv_text(TOTAL_FIELDS, cls["lines"]).encode()
@@ -232,7 +240,7 @@ def _mutants(cls: dict, rng) -> list[tuple[str, bytes | None, bytes | None]]:
                                    ).encode()),
         ("two maxima", g, csv_text(TOTAL_FIELDS, [cls["lines"][0], dict(
             cls["lines"][0], learner="other", maximum="1000")]).encode()),
-        ("swapped", t, g)]
+        ("swapped", t, g), ("a folder", "folder", t)]
 
 
 def _cli(*argv: str) -> tuple[int, str, str]:
@@ -251,7 +259,9 @@ def test_a_file_grade_did_not_write_is_one_line(tmp_path, cls, seed):
     for what, g, t in _mutants(cls, np.random.default_rng(seed)):
         folder = Path(tempfile.mkdtemp(dir=tmp_path))  # one per example and mutant
         for name, blob in (("grades.csv", g), ("grades.totals.csv", t)):
-            if blob is not None:
+            if blob == "folder":
+                (folder / name).mkdir()
+            elif blob is not None:
                 (folder / name).write_bytes(blob)
         try:
             write_stats(folder / "grades.csv", folder / "stats")

@@ -57,7 +57,7 @@ apt-get install -y -q --no-install-recommends python3 python3-venv python3-pip
 python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "xenith-edu needs \
 Python 3.10 or newer: choose a newer base image (Ubuntu 22.04 or later) in Gradescope")'
 python3 -m venv "$ROOT/xenith-venv"
-"$ROOT/xenith-venv/bin/python" -m pip install --no-cache-dir -q "./dist/@WHEEL@"
+"$ROOT/xenith-venv/bin/python" -m pip install --no-cache-dir -q "./dist/@WHEEL@@EXTRAS@"
 "$ROOT/xenith-venv/bin/python" -c 'import xenith_edu.classroom.gradescope'
 """
 
@@ -150,17 +150,42 @@ def _check_settings(timeout: float, call_time: float, memory: int | None, visibi
         raise ValueError(f"visibility: {visibility!r} is not one of {', '.join(VISIBILITY)}")
 
 
+@dataclass(frozen=True)
+class Archive:
+    """What `build` wrote: the assignment's parts, and the grader's longest run per submission
+    (Gradescope's own autograder timeout must be longer)."""
+
+    parts: list[Part]
+    seconds: float
+
+
+def _extras(extras: list[str] | None) -> str:
+    """The package's extras that setup.sh installs too, as pip's suffix: [torch,hf]."""
+    if not extras:
+        return ""
+    known = importlib.metadata.distribution(PACKAGE).metadata.get_all("Provides-Extra") or []
+    for extra in extras:
+        if extra not in known:
+            raise ValueError(f"extras: {extra!r} is not an extra of {PACKAGE}: choose among "
+                             f"{', '.join(known)}")
+    return "[" + ",".join(dict.fromkeys(extras)) + "]"
+
+
 def build(notebooks: Path, out: Path, chapters: list[str] | None = None, *,
-          dist: Path | None = None, timeout: float = 120.0, call_time: float = 10.0,
-          memory: int | None = None, visibility: str = "visible") -> list[Part]:
+          dist: Path | None = None, extras: list[str] | None = None, timeout: float = 120.0,
+          call_time: float = 10.0, memory: int | None = None, visibility: str = "visible"
+          ) -> Archive:
     """Write the autograder archive `out` (a .zip) for the teacher's notebooks in `notebooks`
     (those of `chapters`, by file name without .ipynb; default all). `dist`: the package's
-    wheel or sdist to install (default: a wheel of the package installed here). Returns the
-    assignment's parts (points and written questions). Raises ValueError naming the argument.
+    wheel or sdist to install (default: a wheel of the package installed here), with its
+    `extras` (the torch chapter needs "torch"). Returns the assignment's parts (points and
+    written questions) and the grader's longest run. Raises ValueError naming the argument.
     """
+    from .grading import Options, sandbox_seconds  # the grader's own budget
     from .student import make_student_versions  # nbformat, only when an archive is made
 
     _check_settings(timeout, call_time, memory, visibility)
+    suffix = _extras(extras)
     if out.is_dir() or out.suffix != ".zip":
         raise ValueError(f"out: {out} is not a .zip file name: give one such as autograder.zip")
     if not out.parent.is_dir():
@@ -179,7 +204,8 @@ def build(notebooks: Path, out: Path, chapters: list[str] | None = None, *,
         settings = {"timeout": float(timeout), "call_time": float(call_time),
                     "memory": memory, "visibility": visibility,
                     "parts": [p.as_dict() for p in parts]}
-        members = [("setup.sh", SETUP.replace("@WHEEL@", wheel).encode(), 0o755),
+        setup = SETUP.replace("@WHEEL@", wheel).replace("@EXTRAS@", suffix)
+        members = [("setup.sh", setup.encode(), 0o755),
                    ("run_autograder", RUN.encode(), 0o755),
                    (SETTINGS, (json.dumps(settings, indent=1) + "\n").encode(), 0o644),
                    (f"dist/{wheel}", data, 0o644)]
@@ -191,7 +217,8 @@ def build(notebooks: Path, out: Path, chapters: list[str] | None = None, *,
                 z.writestr(_entry(name, mode), blob)
 
     atomic_write(out, write)
-    return parts
+    plan = [(name, name, ex) for name, ex in exercises]
+    return Archive(parts, sandbox_seconds(plan, Options(float(timeout), float(call_time))))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -91,7 +91,8 @@ def read_csv(path: Path, what: str, required: tuple[str, ...]) -> list[tuple[int
     """(row number, {column: text}) of the CSV `path` that `grade` wrote as its `what`."""
     try:
         if not path.is_file():
-            raise ValueError(f"{path}: no such file: give the {what} that grade wrote")
+            why = "is not a file" if path.exists() else "does not exist"
+            raise ValueError(f"{path} {why}: give the {what} that grade wrote")
         if path.stat().st_size > MAX_BYTES:
             raise ValueError(f"{path.name}: larger than {MAX_BYTES >> 20} MiB: is this the "
                              f"{what}?")

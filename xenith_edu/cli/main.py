@@ -82,6 +82,8 @@ def _add_course_tools(sub: argparse._SubParsersAction) -> None:
                    "assignment, by file name without .ipynb (default: every one that checks)")
     p.add_argument("--dist", metavar="FILE", help="the package's wheel or sdist to install "
                    "(default: a wheel of the package installed here)")
+    p.add_argument("--extras", nargs="+", metavar="EXTRA", help="the package's extras to "
+                   "install too (torch for the PyTorch chapter, hf torch for the LLaMA one)")
     p.add_argument("--timeout", type=_positive_float, default=120.0,
                    help="seconds allowed per notebook (default: 120)")
     p.add_argument("--memory", type=_positive_float, metavar="GIB",
@@ -105,14 +107,16 @@ def _cmd_grade_stats(args: argparse.Namespace) -> int:
 def _cmd_gradescope(args: argparse.Namespace) -> int:
     from ..classroom.gradescope import build  # only when asked for
 
-    parts = build(Path(args.notebooks), Path(args.out), args.chapters,
-                  dist=None if args.dist is None else Path(args.dist), timeout=args.timeout,
-                  memory=None if args.memory is None else int(args.memory * 2**30),
-                  visibility=args.visibility)
+    made = build(Path(args.notebooks), Path(args.out), args.chapters,
+                 dist=None if args.dist is None else Path(args.dist), extras=args.extras,
+                 timeout=args.timeout, visibility=args.visibility,
+                 memory=None if args.memory is None else int(args.memory * 2**30))
+    parts = made.parts
     auto = sum(sum(p.points.values()) for p in parts)
     written = sum(q.points for p in parts for q in p.questions)
     print(f"wrote {args.out}: {len(parts)} notebook(s), {sum(len(p.points) for p in parts)} "
-          f"exercise(s) worth {auto:g} points, {written:g} points of written answers")
+          f"exercise(s) worth {auto:g} points, {written:g} points of written answers; set "
+          f"Gradescope's autograder timeout above {made.seconds:.0f} s")
     return 0
 
 
