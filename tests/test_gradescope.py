@@ -35,17 +35,19 @@ from xenith_edu.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = (int, float)
 VISIBILITY = ("visible", "hidden", "after_due_date", "after_published")
+FORMAT = ("text", "html", "simple_format", "md", "ansi")
 # Gradescope's results.json ("Autograder Specifications", Output Format): key -> type or values
 SCHEMA = {
     "required": {"score": NUMBER, "tests": list},
-    "optional": {"execution_time": NUMBER, "output": str, "output_format": str,
+    "optional": {"execution_time": NUMBER, "output": str, "output_format": FORMAT,
+                 "test_output_format": FORMAT, "test_name_format": FORMAT,
                  "visibility": VISIBILITY, "stdout_visibility": VISIBILITY,
                  "extra_data": dict, "leaderboard": list},
     "test": {
         "required": {"name": str, "score": NUMBER, "max_score": NUMBER, "output": str,
                      "visibility": VISIBILITY},
         "optional": {"status": ("passed", "failed"), "number": str, "tags": list,
-                     "extra_data": dict, "output_format": str, "name_format": str},
+                     "extra_data": dict, "output_format": FORMAT, "name_format": FORMAT},
     },
 }
 
@@ -77,6 +79,8 @@ def validate(results: dict) -> None:
     assert math.isclose(sum(t["score"] for t in results["tests"]), results["score"],
                         abs_tol=1e-9)
     assert len({t["name"] for t in results["tests"]}) == len(results["tests"])
+    # the learner's strings (messages of their exceptions) are shown as text, never markup
+    assert results["output_format"] == results["test_output_format"] == "text"
 
 
 def unpack(archive: Path, root: Path) -> Path:

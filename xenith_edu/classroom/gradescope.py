@@ -331,7 +331,9 @@ def results(rows: list[dict], lines: list[str], parts: list[Part], visibility: s
         f"{score:g} of {auto:g} points."
     return {"score": score, "execution_time": round(seconds, 1),
             "output": "\n".join([summary, *lines])[:MAX_OUTPUT], "visibility": visibility,
-            "stdout_visibility": "hidden", "tests": tests}
+            "stdout_visibility": "hidden", "output_format": "text",
+            "test_output_format": "text", "test_name_format": "text",  # no markup from a learner
+            "tests": tests}
 
 
 def run(root: Path) -> dict:

@@ -258,7 +258,8 @@ def _ranked(item: Item) -> list[tuple[str, set]]:
 
 def figure_rows(stats: Stats) -> list[dict]:
     """figures.csv: the class's figures, then the counts of the learners counted apart."""
-    figs = {k: num(v) if isinstance(v, float) else v for k, v in stats.figures().items()}
+    figs: dict[str, object] = {k: num(v) if isinstance(v, float) else v
+                               for k, v in stats.figures().items()}
     figs.update({"maximum": num(stats.maximum), "absent": len(stats.absent),
                  "not_on_roster": len(stats.off_roster)})
     return [{"figure": k, "value": v} for k, v in figs.items()]
@@ -320,7 +321,7 @@ def histogram(stats: Stats) -> bytes:
     fig = Figure(figsize=(6.4, 3.6), dpi=100)
     ax = fig.add_subplot()
     top = stats.maximum if stats.maximum > 0 else 1.0
-    ax.hist(list(stats.totals.values()), bins=np.linspace(0.0, top, 11), range=(0.0, top),
+    ax.hist(list(stats.totals.values()), bins=np.linspace(0.0, top, 11).tolist(), range=(0.0, top),
             color="#4c72b0", edgecolor="white")
     figs = stats.figures()
     if figs["learners"]:
@@ -350,6 +351,10 @@ def write_stats(grades: Path, out: Path, totals: Path | None = None) -> Stats:
     atomic_write_text(out / "mistakes.csv", csv_text(MISTAKE_FIELDS, mistake_rows(stats)))
     atomic_write_text(out / "figures.csv", csv_text(FIGURE_FIELDS, figure_rows(stats)))
     png = histogram(stats)
-    atomic_write(out / "totals.png", lambda f: f.write(png))
+
+    def write_png(f) -> None:
+        f.write(png)
+
+    atomic_write(out / "totals.png", write_png)
     atomic_write_text(out / "stats.md", report(stats))
     return stats
