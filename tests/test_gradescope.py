@@ -355,6 +355,38 @@ def test_an_error_of_the_grader_is_every_test_at_zero_and_said(lesson_zip, tmp_p
                for t in results["tests"])
 
 
+def test_without_the_package_run_autograder_still_writes_results(lesson_zip, tmp_path):
+    root = unpack(lesson_zip, tmp_path / "ag")
+    env = {**os.environ, "XENITH_AUTOGRADER_ROOT": str(root),
+           "XENITH_AUTOGRADER_PYTHON": str(tmp_path / "no-python")}  # setup.sh failed
+    done = subprocess.run(["bash", str(root / "run_autograder")], env=env, capture_output=True)
+    assert done.returncode == 0
+    results = json.loads((root / "results" / "results.json").read_text())
+    validate(results)
+    assert results["score"] == 0 and "not installed" in results["output"]
+
+
+def test_a_package_in_the_submission_cannot_stand_in_for_the_grader(lesson_zip, tmp_path):
+    root = unpack(lesson_zip, tmp_path / "ag")
+    fake = root / "submission" / "xenith_edu"
+    (fake / "classroom").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "classroom" / "__init__.py").write_text("")
+    (fake / "classroom" / "gradescope.py").write_text(  # full marks, if it were run
+        "import json, pathlib, sys\n"
+        "out = pathlib.Path(sys.argv[1]) / 'results'\nout.mkdir(exist_ok=True)\n"
+        "(out / 'results.json').write_text(json.dumps({'score': 99, 'tests': []}))\n")
+    nbformat.write(lesson(WRONG), str(root / "submission" / "lesson.ipynb"))
+    env = {**os.environ, "XENITH_AUTOGRADER_ROOT": str(root),
+           "XENITH_AUTOGRADER_PYTHON": sys.executable, "PYTHONPATH": str(root / "submission")}
+    done = subprocess.run(["bash", str(root / "run_autograder")], env=env, capture_output=True,
+                          text=True, cwd=root / "submission", timeout=300)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((root / "results" / "results.json").read_text())
+    validate(results)
+    assert results["score"] == 1.0  # silu_grad alone: the grader's own verdicts
+
+
 # ----------------------------------------------------------------------------------------------
 # The command line.
 

@@ -64,9 +64,17 @@ python3 -m venv "$ROOT/xenith-venv"
 RUN = """#!/usr/bin/env bash
 # Gradescope runs this for every submission, in a container of its own: it grades the
 # notebooks in /autograder/submission and writes /autograder/results/results.json.
+# Python runs isolated (-I): no folder of the submission can stand in for the package.
 ROOT="${XENITH_AUTOGRADER_ROOT:-/autograder}"
 PYTHON="${XENITH_AUTOGRADER_PYTHON:-$ROOT/xenith-venv/bin/python}"
-exec "$PYTHON" -m xenith_edu.classroom.gradescope "$ROOT"
+if ! "$PYTHON" -I -c 'import xenith_edu.classroom.gradescope' 2>/dev/null; then
+  mkdir -p "$ROOT/results"
+  printf '%s%s%s\\n' '{"score": 0.0, "output": "The autograder is not installed (setup.sh ' \\
+    'failed): tell your teacher.", "output_format": "text", "test_output_format": "text", ' \\
+    '"tests": []}' > "$ROOT/results/results.json"
+  exit 0
+fi
+exec "$PYTHON" -I -m xenith_edu.classroom.gradescope "$ROOT"
 """
 
 
