@@ -168,9 +168,11 @@ def read_totals(path: Path) -> tuple[dict[str, tuple[str, float]], float]:
 
 
 def first_sentence(text: str) -> str:
-    """A diagnosis's first sentence, on one line: what groups the learners who made it."""
+    """A diagnosis's first sentence, on one line: what groups the learners who made it. The
+    grader's own rule (up to the first full stop before a space, 160 characters at most), so
+    that the CSV's `mistake` column, which it already holds, is its own key."""
     flat = " ".join(text.split())
-    return re.split(r"(?<=[.!?])\s", flat, maxsplit=1)[0][:160]
+    return re.split(r"(?<=\.)\s", flat, maxsplit=1)[0][:160]
 
 
 def _items(path: Path, rows: list[tuple[int, dict]], members: set[str], known: set[str]
