@@ -29,6 +29,7 @@ MAX_BYTES = 256 << 20  # a grades CSV larger than this is not one
 GRADE_COLUMNS = ("learner", "exercise", "status", "points", "max_points", "mistake")
 TOTAL_COLUMNS = ("learner", "submitted", "total", "maximum")
 WRITTEN = (Row.GRADED.value, Row.TO_GRADE.value)  # the statuses only a written answer has
+COLLISION, FAILED = Row.COLLISION.value, Row.FAILED.value  # as the CSV holds them
 NO_DIAGNOSIS = "(failed, no mistake named: see each row's message)"
 OFF_ROSTER = "yes, not on the roster"
 ITEM_FIELDS = ("kind", "item", "learners", "passed", "pass_rate", "mean_points", "max_points",
@@ -182,7 +183,7 @@ def _items(path: Path, rows: list[tuple[int, dict]], members: set[str], known: s
     items: dict[str, Item] = {}
     for n, r in rows:
         where, lid, ex = f"{path.name}, row {n}", r["learner"], r["exercise"]
-        if r["status"] == Row.COLLISION.value or not ex:
+        if r["status"] == COLLISION or not ex:
             continue  # a submission that is no learner, or a notebook's error row
         if lid not in known:
             raise ValueError(f"{where}: the learner {lid[:60]!r} is not in the totals file: "
@@ -198,7 +199,7 @@ def _items(path: Path, rows: list[tuple[int, dict]], members: set[str], known: s
             continue
         item.points[lid] = item.points.get(lid, 0.0) + got
         item.statuses.setdefault(lid, Counter())[r["status"]] += 1
-        if r["status"] == Row.FAILED.value and item.kind == "exercise":
+        if r["status"] == FAILED and item.kind == "exercise":
             mistake = first_sentence(r["mistake"]) or NO_DIAGNOSIS
             item.mistakes.setdefault(mistake, set()).add(lid)
     for item in items.values():  # a learner of the class without a row of it: not graded
