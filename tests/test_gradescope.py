@@ -203,6 +203,46 @@ def test_points_and_the_written_question_become_tests(lesson_zip, tmp_path):
     assert "status" not in why and results["score"] == 1.0
 
 
+def test_a_notebook_of_the_assignment_not_handed_in_is_zero_with_its_reason(tmp_path):
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    nbformat.write(lesson(), str(teacher / "lesson.ipynb"))
+    other = new_notebook(cells=[
+        new_code_cell("from xenith_edu.exercises import check_softmax_cross_entropy"),
+        new_code_cell("def my_ce(logits, targets):\n    raise NotImplementedError()"),
+        new_code_cell("_ = check_softmax_cross_entropy(my_ce)")])
+    nbformat.write(other, str(teacher / "other.ipynb"))
+    build(teacher, tmp_path / "a.zip")
+    root = unpack(tmp_path / "a.zip", tmp_path / "ag")
+    results = run_autograder(root, {"lesson.ipynb": lesson(), "notes.ipynb": new_notebook()})
+    tests = by_name(results)
+    assert list(tests) == ["lesson: linear_backward", "lesson: silu_grad", "lesson: why",
+                           "other: softmax_cross_entropy"]
+    missing = tests["other: softmax_cross_entropy"]
+    assert (missing["score"], missing["max_score"], missing["status"]) == (0.0, 1.0, "failed")
+    assert "no other.ipynb was submitted" in missing["output"]
+    assert results["score"] == 4.0
+
+
+def test_an_exercise_two_notebooks_check_is_judged_in_each(tmp_path):
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    nbformat.write(lesson(), str(teacher / "lesson.ipynb"))
+    review = new_notebook(cells=[new_code_cell(IMPORTS), new_code_cell(SILU),
+                                 new_code_cell("_ = check_silu_grad(my_silu_grad)")])
+    nbformat.write(review, str(teacher / "review.ipynb"))
+    build(teacher, tmp_path / "a.zip")
+    wrong = new_notebook(cells=[new_code_cell(IMPORTS), new_code_cell(
+        "def my_silu_grad(z):\n    return 1 / (1 + np.exp(-z))\n")])  # sigma alone
+    results = run_autograder(unpack(tmp_path / "a.zip", tmp_path / "ag"),
+                             {"lesson.ipynb": lesson(), "review.ipynb": wrong})
+    tests = by_name(results)
+    assert tests["lesson: silu_grad"]["score"] == 1.0
+    assert (tests["review: silu_grad"]["score"], tests["review: silu_grad"]["status"]) == \
+        (0.0, "failed")
+    assert results["score"] == 4.0
+
+
 def test_the_archive_holds_no_solution_and_installs_offline(lesson_zip, tmp_path):
     with zipfile.ZipFile(lesson_zip) as z:
         names = z.namelist()

@@ -309,10 +309,10 @@ def grade_submission(root: Path, work: Path, settings: Settings
     return rows, [f"{r['status']}: {r['message']}" for r in rows if not r["exercise"]]
 
 
-def _test(part: Part, item: str, most: float, rows: list[dict], written: bool,
+def _test(part: Part, item: str, most: float, mine: list[dict], written: bool,
           visibility: str) -> dict:
-    """One Gradescope test: an exercise's verdict and points, or a written question's place."""
-    mine = [r for r in rows if r["exercise"] == item]
+    """One Gradescope test: an exercise's verdict and points (from its rows `mine`), or a
+    written question's place."""
     test = {"name": f"{part.chapter}: {item}", "max_score": most, "visibility": visibility}
     if written:
         return {**test, "score": 0.0, "output": BY_HAND}
@@ -323,15 +323,36 @@ def _test(part: Part, item: str, most: float, rows: list[dict], written: bool,
             "output": output[:MAX_OUTPUT]}
 
 
+def rows_per_part(rows: list[dict], parts: list[Part]) -> list[dict[str, list[dict]]]:
+    """Each part's rows, by exercise. An exercise that several of the teacher's notebooks
+    check has a row per notebook, in the teacher's order (grade writes them so): the k-th
+    goes to the k-th notebook, never one row to two tests."""
+    by_exercise: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["exercise"]:
+            by_exercise.setdefault(r["exercise"], []).append(r)
+    shared = {ex for ex in by_exercise if sum(ex in p.points for p in parts) > 1}
+    out = []
+    for part in parts:
+        found = {}
+        for ex in part.points:
+            mine = by_exercise.get(ex, [])
+            found[ex] = mine[:1] if ex in shared else mine
+            if ex in shared:
+                by_exercise[ex] = mine[1:]
+        out.append(found)
+    return out
+
+
 def results(rows: list[dict], lines: list[str], parts: list[Part], visibility: str,
             seconds: float) -> dict:
     """Gradescope's results.json: a test per exercise and written question, in the teacher's
     order; the score is the sum of the tests' scores."""
     tests = []
-    for part in parts:
-        tests += [_test(part, ex, most, rows, False, visibility)
+    for part, found in zip(parts, rows_per_part(rows, parts), strict=True):
+        tests += [_test(part, ex, most, found.get(ex, []), False, visibility)
                   for ex, most in part.points.items()]
-        tests += [_test(part, q.id, q.points, rows, True, visibility) for q in part.questions]
+        tests += [_test(part, q.id, q.points, [], True, visibility) for q in part.questions]
     score = sum(t["score"] for t in tests)
     auto = sum(t["max_score"] for t in tests if t["output"] != BY_HAND)
     summary = f"{score:g} of {auto:g} points from the checks; the written answers are graded " \
