@@ -181,6 +181,7 @@ def _items(path: Path, rows: list[tuple[int, dict]], members: set[str], known: s
     """The class's items, in the CSV's order; rows of learners outside the class are skipped."""
     written = {r["exercise"] for _, r in rows if r["status"] in WRITTEN}
     items: dict[str, Item] = {}
+    worth: dict[tuple[str, str], float] = {}  # (item, learner) -> the points of its rows
     for n, r in rows:
         where, lid, ex = f"{path.name}, row {n}", r["learner"], r["exercise"]
         if r["status"] == COLLISION or not ex:
@@ -194,7 +195,8 @@ def _items(path: Path, rows: list[tuple[int, dict]], members: set[str], known: s
             raise ValueError(f"{where}: points {r['points']!r} above max_points "
                              f"{r['max_points']!r}: give the CSV that grade wrote, unedited")
         item = items.setdefault(ex, Item(ex, "written" if ex in written else "exercise"))
-        item.most = max(item.most, most)
+        worth[(ex, lid)] = worth.get((ex, lid), 0.0) + most  # two notebooks may check it
+        item.most = max(item.most, worth[(ex, lid)])
         if lid not in members:
             continue
         item.points[lid] = item.points.get(lid, 0.0) + got
