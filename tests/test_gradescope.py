@@ -484,3 +484,18 @@ def test_bad_input_to_the_command_is_one_line(tmp_path):
 def test_the_runner_is_what_run_autograder_calls():
     assert "-m xenith_edu.classroom.gradescope" in gradescope.RUN
     assert gradescope.main.__doc__ and "run_autograder" in gradescope.main.__doc__
+
+
+def test_the_teaching_page_s_commands_are_the_command_line_s():
+    """Every `grade-stats` and `gradescope` command the teaching page shows parses as written."""
+    import shlex
+
+    from xenith_edu.cli.main import build_parser
+
+    page = (ROOT / "book" / "teaching.md").read_text("utf-8").replace("\\\n", " ")
+    shown = [line[2:] for line in page.splitlines()
+             if line.startswith(("$ xenith-edu grade-stats", "$ xenith-edu gradescope"))]
+    assert {shlex.split(c)[1] for c in shown} == {"grade-stats", "gradescope"}
+    for command in shown:
+        args = build_parser().parse_args(shlex.split(command)[1:])
+        assert args.func.__name__ in ("_cmd_grade_stats", "_cmd_gradescope"), command
