@@ -16,6 +16,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -143,9 +144,16 @@ def _number(text: str, where: str, column: str, blank: float | None = None) -> f
     return x
 
 
-def read_totals(path: Path) -> tuple[dict[str, tuple[str, float]], float]:
-    """{learner: (submitted, total)} of a totals file, and its maximum."""
-    out: dict[str, tuple[str, float]] = {}
+class Line(NamedTuple):
+    """One learner's line of the totals file, as the statistics need it."""
+
+    submitted: str  # "yes", "no" (absent), "yes, not on the roster", "yes, name shared ..."
+    total: float  # after the late policy
+
+
+def read_totals(path: Path) -> tuple[dict[str, Line], float]:
+    """{learner: their line} of a totals file, and its maximum."""
+    out: dict[str, Line] = {}
     maximum = None
     for n, r in read_csv(path, "totals file", TOTAL_COLUMNS):
         where = f"{path.name}, row {n}"
@@ -164,7 +172,7 @@ def read_totals(path: Path) -> tuple[dict[str, tuple[str, float]], float]:
             raise ValueError(f"{where}: submitted is {r['submitted'][:40]!r}, not yes or no: "
                              "give the totals file that grade wrote")
         maximum = most
-        out[r["learner"]] = (r["submitted"], total)
+        out[r["learner"]] = Line(r["submitted"], total)
     return out, maximum or 0.0
 
 
@@ -217,11 +225,12 @@ def class_stats(grades: Path, totals: Path | None = None) -> Stats:
     totals = outputs(grades)["totals"] if totals is None else totals
     rows = read_csv(grades, "grades CSV", GRADE_COLUMNS)
     people, maximum = read_totals(totals)
-    members = {lid for lid, (sub, _) in people.items() if sub != "no" and sub != OFF_ROSTER}
+    members = {lid for lid, line in people.items() if line.submitted not in ("no", OFF_ROSTER)}
     items = _items(grades, rows, members, set(people))
-    return Stats({lid: t for lid, (sub, t) in people.items() if lid in members}, maximum,
-                 [lid for lid, (sub, _) in people.items() if sub == "no"],
-                 {lid: t for lid, (sub, t) in people.items() if sub == OFF_ROSTER}, items)
+    return Stats({lid: line.total for lid, line in people.items() if lid in members}, maximum,
+                 [lid for lid, line in people.items() if line.submitted == "no"],
+                 {lid: line.total for lid, line in people.items()
+                  if line.submitted == OFF_ROSTER}, items)
 
 
 # ----------------------------------------------------------------------------------------------
