@@ -234,6 +234,7 @@ def _mutants(cls: dict, rng) -> list[tuple[str, bytes | str | None, bytes | None
         ("extra cell", g + b"a,b,c,d,e,f,g,h,i,j\n", t),
         *[(f"points {r['points']}", csv_text(CSV_FIELDS, [r]).encode(), t) for r in bad_points],
         ("points above", csv_text(CSV_FIELDS, [dict(graded[0], points="99")]).encode(), t),
+        ("status?", csv_text(CSV_FIELDS, [dict(graded[0], status="passed ")]).encode(), t),
         ("unknown learner", csv_text(CSV_FIELDS, [dict(graded[0], learner="nobody-x")]
                                      ).encode(), t),
         ("twice", g, csv_text(TOTAL_FIELDS, cls["lines"] * 2).encode()),

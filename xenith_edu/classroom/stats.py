@@ -24,13 +24,14 @@ from ..tools.util import atomic_write, atomic_write_text
 from .course import outputs
 from .exports import csv_text, num
 from .inputs import unsafe_cell
-from .statuses import Row
+from .statuses import STATUSES, Row
 
 MAX_BYTES = 256 << 20  # a grades CSV larger than this is not one
 GRADE_COLUMNS = ("learner", "exercise", "status", "points", "max_points", "mistake")
 TOTAL_COLUMNS = ("learner", "submitted", "total", "maximum")
 WRITTEN = (Row.GRADED.value, Row.TO_GRADE.value)  # the statuses only a written answer has
 COLLISION, FAILED = Row.COLLISION.value, Row.FAILED.value  # as the CSV holds them
+KNOWN = frozenset(s.value for s in STATUSES)
 NO_DIAGNOSIS = "(failed, no mistake named: see each row's message)"
 OFF_ROSTER = "yes, not on the roster"
 ITEM_FIELDS = ("kind", "item", "learners", "passed", "pass_rate", "mean_points", "max_points",
@@ -192,6 +193,9 @@ def _items(path: Path, rows: list[tuple[int, dict]], members: set[str], known: s
     worth: dict[tuple[str, str], float] = {}  # (item, learner) -> the points of its rows
     for n, r in rows:
         where, lid, ex = f"{path.name}, row {n}", r["learner"], r["exercise"]
+        if r["status"] not in KNOWN:
+            raise ValueError(f"{where}: status {r['status'][:40]!r} is none of the grader's: "
+                             "give the CSV that grade wrote, unedited")
         if r["status"] == COLLISION or not ex:
             continue  # a submission that is no learner, or a notebook's error row
         if lid not in known:
