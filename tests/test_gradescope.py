@@ -318,6 +318,21 @@ def test_a_hostile_submission_is_graded_not_obeyed(lesson_zip, tmp_path, kind):
     assert len(results["tests"]) == 3
 
 
+def test_the_archive_s_time_limit_stops_a_loop_and_grades_the_rest(tmp_path):
+    (tmp_path / "t").mkdir()
+    nbformat.write(lesson(), str(tmp_path / "t" / "lesson.ipynb"))
+    made = build(tmp_path / "t", tmp_path / "a.zip", timeout=3.0, call_time=2.0)
+    assert made.seconds == 2 * (3 + 10) + 2 + 2 * 2 + 30  # the budget the command prints
+    root = unpack(tmp_path / "a.zip", tmp_path / "ag")
+    looping = lesson()
+    looping.cells.insert(2, new_code_cell("while True:\n    pass"))  # before silu's cell
+    results = run_autograder(root, {"lesson.ipynb": looping})
+    tests = by_name(results)
+    assert "timed out after 3 s" in results["output"]
+    assert tests["lesson: linear_backward"]["score"] == 3.0  # defined before the loop
+    assert tests["lesson: silu_grad"]["status"] == "failed" and results["score"] == 3.0
+
+
 # ----------------------------------------------------------------------------------------------
 # The autograder's own failures still give the learner a results.json that Gradescope reads.
 
