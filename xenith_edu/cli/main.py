@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     hf.add_parsers(sub)
     _add_classroom(sub)
     _add_chapters(sub)
+    _add_course_tools(sub)
     return parser
 
 
@@ -81,6 +82,65 @@ def _add_chapters(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-root", action="store_true",
                    help="let JupyterLab run as root (in a container)")
     p.set_defaults(func=_cmd_lab)
+
+
+def _add_course_tools(sub: argparse._SubParsersAction) -> None:
+    """`grade-stats` (the class's statistics) and `gradescope` (an autograder archive)."""
+    p = sub.add_parser("grade-stats", help="the class's statistics and what to re-teach, from "
+                       "the CSV that grade wrote", description="Write stats.md, stats.csv, "
+                       "mistakes.csv, figures.csv and totals.png from a grades CSV and its "
+                       "totals file; absent learners and those on no roster are counted apart.")
+    p.add_argument("grades", metavar="CSV", help="the grades CSV that grade wrote")
+    p.add_argument("--out", metavar="DIR", required=True, help="folder of the statistics")
+    p.add_argument("--totals", metavar="CSV", help="its totals file (default: the one next to "
+                   "it, <name>.totals.csv)")
+    p.set_defaults(func=_cmd_grade_stats)
+    p = sub.add_parser("gradescope", help="write a Gradescope autograder archive",
+                       description="Write a zip to upload as a Gradescope autograder: setup.sh, "
+                       "run_autograder, the package's wheel and the teacher's notebooks as "
+                       "student versions (checks, points, written questions; no solution).")
+    p.add_argument("notebooks", metavar="DIR", help="folder of the teacher's notebooks")
+    p.add_argument("--out", metavar="ZIP", required=True, help="the archive to write")
+    p.add_argument("--chapters", nargs="+", metavar="NAME", help="the notebooks of the "
+                   "assignment, by file name without .ipynb (default: every one that checks)")
+    p.add_argument("--dist", metavar="FILE", help="the package's wheel or sdist to install "
+                   "(default: a wheel of the package installed here)")
+    p.add_argument("--extras", nargs="+", metavar="EXTRA", help="the package's extras to "
+                   "install too (torch for the PyTorch chapter, hf torch for the LLaMA one)")
+    p.add_argument("--timeout", type=_positive_float, default=120.0,
+                   help="seconds allowed per notebook (default: 120)")
+    p.add_argument("--memory", type=_positive_float, metavar="GIB",
+                   help="address space of the learner's process, in GiB (default: the grader's)")
+    p.add_argument("--visibility", default="visible", choices=("visible", "hidden",
+                   "after_due_date", "after_published"), help="when learners see the tests")
+    p.set_defaults(func=_cmd_gradescope)
+
+
+def _cmd_grade_stats(args: argparse.Namespace) -> int:
+    from ..classroom.stats import FILES, write_stats  # only when asked for
+
+    stats = write_stats(Path(args.grades), Path(args.out),
+                        None if args.totals is None else Path(args.totals))
+    print(f"wrote {', '.join(FILES)} into {args.out}: {len(stats.totals)} learner(s) in the "
+          f"class, {len(stats.absent)} absent and {len(stats.off_roster)} not on the roster "
+          "counted apart")
+    return 0
+
+
+def _cmd_gradescope(args: argparse.Namespace) -> int:
+    from ..classroom.gradescope import build  # only when asked for
+
+    made = build(Path(args.notebooks), Path(args.out), args.chapters,
+                 dist=None if args.dist is None else Path(args.dist), extras=args.extras,
+                 timeout=args.timeout, visibility=args.visibility,
+                 memory=None if args.memory is None else int(args.memory * 2**30))
+    parts = made.parts
+    auto = sum(sum(p.points.values()) for p in parts)
+    written = sum(q.points for p in parts for q in p.questions)
+    print(f"wrote {args.out}: {len(parts)} notebook(s), {sum(len(p.points) for p in parts)} "
+          f"exercise(s) worth {auto:g} points, {written:g} points of written answers; set "
+          f"Gradescope's autograder timeout above {made.seconds:.0f} s")
+    return 0
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
