@@ -95,8 +95,10 @@ def data_and_model(tc: TrainConfig, ckpt: Checkpoint | None, resume: str | Path 
 def initial_state(tc: TrainConfig, cfg: Config, ckpt: Checkpoint | None
                   ) -> tuple[Params, Params, Params, int, np.random.Generator]:
     """params, AdamW moments m and v, the start step, and the generator of the batches."""
-    if ckpt is not None:
-        return ckpt.params, ckpt.m, ckpt.v, ckpt.step, ckpt.rng()
+    if ckpt is not None:  # a file of weights alone (from-hf) starts its moments at zero
+        m = ckpt.m if ckpt.m is not None else zeros_like_params(ckpt.params)
+        v = ckpt.v if ckpt.v is not None else zeros_like_params(ckpt.params)
+        return ckpt.params, m, v, ckpt.step, ckpt.rng()
     params = init_params(cfg, tc.seed, np.float32)
     rng = np.random.default_rng(tc.seed + 1)  # training batches: a stream apart from init
     return params, zeros_like_params(params), zeros_like_params(params), 0, rng

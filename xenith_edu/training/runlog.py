@@ -19,6 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..model import Config
+from ..tools.boundedjson import parse_json
 from ..tools.util import atomic_write, atomic_write_text, interrupts_held, one_line
 from .checkpoint import Checkpoint, config_mismatch, load_checkpoint, save_checkpoint
 from .data import get_batch
@@ -85,6 +86,7 @@ def eval_windows(
 
 
 _NEEDS = {"train": "loss", "eval": "val_loss"}  # the figure each kind of record must carry
+MAX_LINE = 2**20  # bytes of one log line: a record is a few hundred
 
 
 def read_log(path: str | Path, damaged: list[str] | None = None) -> list[dict]:
@@ -111,12 +113,12 @@ def read_log(path: str | Path, damaged: list[str] | None = None) -> list[dict]:
 
 def _parse(raw: bytes) -> tuple[dict | None, str | None]:
     """A log line's record, or None and what is wrong with it."""
-    try:
-        record = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        return None, "not UTF-8"
-    except ValueError:  # JSONDecodeError, and numbers too long to convert
-        return None, "not JSON"
+    try:  # the bounded reader: a line too long or nested too deep is damage, never a crash
+        record = parse_json(raw, "it", max_bytes=MAX_LINE)
+    except ValueError as e:  # "it is not UTF-8 text", "it is not JSON (...)", "it nests ..."
+        why = str(e).removeprefix("it ")
+        return None, ("not UTF-8" if why.startswith("is not UTF-8") else "not JSON"
+                      if why.startswith("is not JSON") else why)
     if not isinstance(record, dict):
         return None, "not a JSON record"
     step, event = record.get("step"), record.get("event")

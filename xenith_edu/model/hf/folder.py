@@ -7,19 +7,25 @@ Every file is foreign input: each is checked, and what is wrong is one ValueErro
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
+from ...tools.boundedjson import read_json
 from ...tools.util import atomic_write_text
 from ..config import Config
+from ..params import param_shapes
 from ..tokenizer import BPETokenizer
-from .layout import config_from_hf, config_to_hf, params_from_hf, params_to_hf
-from .safetensors import read_safetensors, write_safetensors
+from .layout import IGNORED, config_from_hf, config_to_hf, hf_names, params_from_hf, tensor_to_hf
+from .safetensors import read_header, read_safetensors, write_tensors
 
 WEIGHTS, INDEX, CONFIG, TOKENIZER = ("model.safetensors", "model.safetensors.index.json",
                                      "config.json", "tokenizer.json")
+MAX_CONFIG, MAX_INDEX = 2**20, 16 * 2**20  # bytes: real files are a few kB and a few 100 kB
+Progress = Callable[[str], None]  # told each stage of long work, in a few words
 
 
 class HFModel(NamedTuple):
@@ -30,23 +36,21 @@ class HFModel(NamedTuple):
     tokenizer: BPETokenizer | None  # from tokenizer.json; None if the folder has none
 
 
-def _json(path: Path) -> object:
+def _json(path: Path, max_bytes: int) -> object:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        why = e.strerror if isinstance(e, OSError) else f"not JSON: {type(e).__name__}"
-        raise ValueError(f"'{path}' cannot be read ({why}): use an intact Hugging Face "
-                         "folder") from None
+        return read_json(path, max_bytes=max_bytes)
+    except ValueError as e:
+        raise ValueError(f"{e}: use an intact Hugging Face folder") from None
 
 
-def _shards(folder: Path) -> dict[Path, set[str]]:
+def _shards(folder: Path) -> dict[Path, set[str] | None]:
     """Each weights file and the tensor names it holds, from the index when sharded."""
     if (folder / WEIGHTS).is_file():
         return {folder / WEIGHTS: None}
     if not (folder / INDEX).is_file():
         raise ValueError(f"'{folder}' has neither {WEIGHTS} nor {INDEX}: only safetensors "
                          "checkpoints are read (save the model with safe_serialization)")
-    index = _json(folder / INDEX)
+    index = _json(folder / INDEX, MAX_INDEX)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise ValueError(f"'{folder / INDEX}' has no weight_map object naming the shards")
@@ -59,51 +63,103 @@ def _shards(folder: Path) -> dict[Path, set[str]]:
     return shards
 
 
-def read_hf(folder: str | Path, dtype: type = np.float32) -> HFModel:
+def _headers(folder: Path, shards: dict[Path, set[str] | None]) -> dict[str, tuple]:
+    """Every tensor's header entry (dtype, shape, begin, end), from every shard: all checked,
+    nothing allocated but the headers."""
+    entries: dict[str, tuple] = {}
+    for path, names in shards.items():
+        if not path.is_file():
+            raise ValueError(f"'{folder / INDEX}' names shard '{path.name}', which is missing")
+        got = read_header(path)[0]
+        if names is not None and not names <= set(got):
+            lost = sorted(names - set(got))[:1]
+            raise ValueError(f"shard '{path}' lacks tensor {lost} that its index names")
+        entries.update({k: e for k, e in got.items() if names is None or k in names})
+    return entries
+
+
+def check_size(cfg: Config, entries: dict[str, tuple], folder: Path) -> int:
+    """The size gate, before any array is allocated: the parameters config.json implies are the
+    values the safetensors headers hold (a buffer of older files and a tied copy of the
+    embedding aside). Returns the count; ValueError naming both figures if they differ."""
+    implied = sum(math.prod(s) for s in param_shapes(cfg).values())
+    held = sum(math.prod(shape) for name, (_, shape, _, _) in entries.items()
+               if not name.endswith(IGNORED)
+               and not (cfg.tie_embeddings and name == "lm_head.weight"))
+    if implied != held:
+        raise ValueError(f"'{folder / CONFIG}' implies {implied:,} parameters, but the "
+                         f"safetensors files hold {held:,} values: config.json does not "
+                         "describe these weights; nothing was written")
+    return implied
+
+
+def _tokenizer(folder: Path, cfg: Config) -> BPETokenizer | None:
+    """The folder's tokenizer, through its gate, and the rule of its size against the model's."""
+    if not (folder / TOKENIZER).is_file():
+        return None
+    tokenizer = BPETokenizer.from_file(folder / TOKENIZER)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ValueError(f"'{folder / TOKENIZER}' has {tokenizer.vocab_size} tokens, more "
+                         f"than the model's vocab_size {cfg.vocab_size}")
+    return tokenizer
+
+
+def read_hf(folder: str | Path, dtype: type = np.float32,
+            progress: Progress | None = None) -> HFModel:
     """The model of a Hugging Face LLaMA folder, in the book's layout and in `dtype`.
 
-    bfloat16 and float16 weights become float32 exactly. Raises ValueError naming the file and
-    the field when something is damaged or cannot be represented by the book's model.
+    bfloat16 and float16 weights become float32 exactly. Every file passes its gate first
+    (config.json, the index, every safetensors header, the size they imply together,
+    tokenizer.json), so a refusal allocates nothing: ValueError naming the file and the field.
     """
-    folder = Path(folder)
+    folder, say = Path(folder), progress or (lambda s: None)
     if not folder.is_dir():
         raise ValueError(f"'{folder}' is not a folder: pass a Hugging Face model folder "
                          f"(with {CONFIG} and {WEIGHTS})")
     if not (folder / CONFIG).is_file():
         raise ValueError(f"'{folder}' has no {CONFIG}: pass a Hugging Face model folder")
     try:
-        cfg = config_from_hf(_json(folder / CONFIG))
+        cfg = config_from_hf(_json(folder / CONFIG, MAX_CONFIG))
     except ValueError as e:
         raise ValueError(f"'{folder / CONFIG}': {e}") from None
+    shards = _shards(folder)
+    check_size(cfg, _headers(folder, shards), folder)
+    tokenizer = _tokenizer(folder, cfg)
     tensors: dict[str, np.ndarray] = {}
-    for path, names in _shards(folder).items():
-        if not path.is_file():
-            raise ValueError(f"'{folder / INDEX}' names shard '{path.name}', which is missing")
-        got = read_safetensors(path, names)
-        if names is not None and set(got) != names:
-            lost = sorted(names - set(got))[:1]
-            raise ValueError(f"shard '{path}' lacks tensor {lost} that its index names")
-        tensors.update(got)
-    params = params_from_hf(tensors, cfg, dtype)
-    tokenizer = None
-    if (folder / TOKENIZER).is_file():
-        tokenizer = BPETokenizer.from_file(folder / TOKENIZER)
-        if tokenizer.vocab_size > cfg.vocab_size:
-            raise ValueError(f"'{folder / TOKENIZER}' has {tokenizer.vocab_size} tokens, more "
-                             f"than the model's vocab_size {cfg.vocab_size}")
-    return HFModel(params, cfg, tokenizer)
+    for n, (path, names) in enumerate(shards.items(), 1):
+        say(f"reading {path.name} ({path.stat().st_size / 1e6:,.0f} MB, file {n} of "
+            f"{len(shards)})")
+        tensors.update(read_safetensors(path, names))
+    return HFModel(params_from_hf(tensors, cfg, dtype), cfg, tokenizer)
 
 
 def write_hf(folder: str | Path, params: dict[str, np.ndarray], cfg: Config,
-             tokenizer: BPETokenizer | None = None) -> list[Path]:
+             tokenizer: BPETokenizer | None = None,
+             progress: Progress | None = None) -> list[Path]:
     """Write a folder that transformers' `from_pretrained` loads with the same logits: the
-    config, the weights (float32, or float64 if the parameters are) and the tokenizer."""
-    folder = Path(folder)
+    config, the weights (float32, or float64 if the parameters are) and the tokenizer. The
+    weights are written one tensor at a time: the memory it takes is one tensor's."""
+    folder, say = Path(folder), progress or (lambda s: None)
     folder.mkdir(parents=True, exist_ok=True)
+    names, shapes = hf_names(cfg), param_shapes(cfg)
+    dtype = params["wte"].dtype
+    layout = {}
+    for key, (ours, l) in names.items():
+        shape = shapes[ours] if l is None else shapes[ours][1:]
+        flipped = len(shape) == 2 and ours not in ("wte", "lm_head")  # (in, out) -> (out, in)
+        layout[key] = (dtype, shape[::-1] if flipped else shape)
+    done = [0]
+
+    def told(name: str) -> None:
+        done[0] += 1
+        if done[0] % max(1, len(layout) // 10) == 0 or done[0] == len(layout):
+            say(f"writing {WEIGHTS}: {done[0]} of {len(layout)} tensors")
+
+    write_tensors(folder / WEIGHTS, layout, lambda key: tensor_to_hf(params, cfg, key),
+                  {"format": "pt"}, told)
     written = [folder / WEIGHTS, folder / CONFIG]
-    write_safetensors(folder / WEIGHTS, params_to_hf(params, cfg), {"format": "pt"})
     hf = config_to_hf(cfg)
-    hf["torch_dtype"] = str(params["wte"].dtype)
+    hf["torch_dtype"] = str(dtype)
     atomic_write_text(folder / CONFIG, json.dumps(hf, indent=2) + "\n")
     if tokenizer is not None:
         atomic_write_text(folder / TOKENIZER, tokenizer.spec)
