@@ -27,6 +27,7 @@ FORMAT = "xenith-edu checkpoint 1"
 GROUPS = ("params", "m", "v")  # parameters, AdamW first and second moments
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM")  # the generators whose state is plain JSON
 _AGAIN = "use a checkpoint written by `xenith-edu train`"
+_PIECE = 2**24  # bytes read at a time from a checkpoint's member
 _INTACT = "use an intact checkpoint or train again"
 # what the zip and .npy readers raise on a damaged file: a bad directory or CRC, a compression
 # method or an "encrypted" flag that bits flipped into, an empty member, a garbled header
@@ -232,7 +233,14 @@ def _read_npy(f, size: int, name: str) -> np.ndarray:
         raise ValueError(f"member '{name}' claims shape {shape} of {dtype}, {n_bytes} bytes, "
                          f"but holds {size - f.tell()}")
     buf = bytearray(n_bytes)  # at most the file's size: checked above
-    if f.readinto(buf) != n_bytes or f.read(1):
+    view, at = memoryview(buf), 0
+    while at < n_bytes:  # in pieces: the zip reader's own readinto would copy the whole member
+        piece = f.read(min(_PIECE, n_bytes - at))
+        if not piece:
+            raise ValueError(f"member '{name}' is cut short")
+        view[at:at + len(piece)] = piece
+        at += len(piece)
+    if f.read(1):
         raise ValueError(f"member '{name}' is cut short")
     return np.frombuffer(buf, dtype).reshape(shape, order="F" if fortran else "C")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -20,7 +20,7 @@ from ..config import Config
 from ..params import param_shapes
 from ..tokenizer import BPETokenizer
 from .layout import IGNORED, config_from_hf, config_to_hf, hf_names, params_from_hf, tensor_to_hf
-from .safetensors import read_header, read_safetensors, write_tensors
+from .safetensors import read_header, read_tensor, write_tensors
 
 WEIGHTS, INDEX, CONFIG, TOKENIZER = ("model.safetensors", "model.safetensors.index.json",
                                      "config.json", "tokenizer.json")
@@ -63,27 +63,59 @@ def _shards(folder: Path) -> dict[Path, set[str] | None]:
     return shards
 
 
-def _headers(folder: Path, shards: dict[Path, set[str] | None]) -> dict[str, tuple]:
-    """Every tensor's header entry (dtype, shape, begin, end), from every shard: all checked,
-    nothing allocated but the headers."""
-    entries: dict[str, tuple] = {}
+class Stored(NamedTuple):
+    """Where one tensor is: its shard, its checked header entry, the shard's data offset."""
+
+    path: Path
+    entry: tuple  # (dtype, shape, begin, end)
+    start: int
+
+
+def _headers(folder: Path, shards: dict[Path, set[str] | None]) -> dict[str, Stored]:
+    """Where every tensor is, from every shard's header: all checked, nothing allocated but
+    the headers."""
+    entries: dict[str, Stored] = {}
     for path, names in shards.items():
         if not path.is_file():
             raise ValueError(f"'{folder / INDEX}' names shard '{path.name}', which is missing")
-        got = read_header(path)[0]
+        got, start = read_header(path)
         if names is not None and not names <= set(got):
             lost = sorted(names - set(got))[:1]
             raise ValueError(f"shard '{path}' lacks tensor {lost} that its index names")
-        entries.update({k: e for k, e in got.items() if names is None or k in names})
+        entries.update({k: Stored(path, e, start) for k, e in got.items()
+                        if names is None or k in names})
     return entries
 
 
-def check_size(cfg: Config, entries: dict[str, tuple], folder: Path) -> int:
+class Tensors(Mapping):
+    """The checkpoint's tensors by name, each read from its shard when it is asked for and not
+    kept: converting them takes the memory of the result and one tensor, not twice the model."""
+
+    def __init__(self, stored: dict[str, Stored], progress: Progress) -> None:
+        self.stored, self.say, self.done = stored, progress, 0
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        where = self.stored[name]
+        with open(where.path, "rb") as f:
+            a = read_tensor(f, where.path, name, where.entry, where.start)
+        self.done += 1
+        if self.done % max(1, len(self.stored) // 10) == 0:
+            self.say(f"reading the weights: {self.done} of {len(self.stored)} tensors")
+        return a
+
+    def __iter__(self):
+        return iter(self.stored)
+
+    def __len__(self) -> int:
+        return len(self.stored)
+
+
+def check_size(cfg: Config, entries: dict[str, Stored], folder: Path) -> int:
     """The size gate, before any array is allocated: the parameters config.json implies are the
     values the safetensors headers hold (a buffer of older files and a tied copy of the
     embedding aside). Returns the count; ValueError naming both figures if they differ."""
     implied = sum(math.prod(s) for s in param_shapes(cfg).values())
-    held = sum(math.prod(shape) for name, (_, shape, _, _) in entries.items()
+    held = sum(math.prod(where.entry[1]) for name, where in entries.items()
                if not name.endswith(IGNORED)
                and not (cfg.tie_embeddings and name == "lm_head.weight"))
     if implied != held:
@@ -122,15 +154,11 @@ def read_hf(folder: str | Path, dtype: type = np.float32,
         cfg = config_from_hf(_json(folder / CONFIG, MAX_CONFIG))
     except ValueError as e:
         raise ValueError(f"'{folder / CONFIG}': {e}") from None
-    shards = _shards(folder)
-    check_size(cfg, _headers(folder, shards), folder)
+    stored = _headers(folder, _shards(folder))
+    check_size(cfg, stored, folder)
     tokenizer = _tokenizer(folder, cfg)
-    tensors: dict[str, np.ndarray] = {}
-    for n, (path, names) in enumerate(shards.items(), 1):
-        say(f"reading {path.name} ({path.stat().st_size / 1e6:,.0f} MB, file {n} of "
-            f"{len(shards)})")
-        tensors.update(read_safetensors(path, names))
-    return HFModel(params_from_hf(tensors, cfg, dtype), cfg, tokenizer)
+    say(f"reading {len(stored)} tensors from {folder}")
+    return HFModel(params_from_hf(Tensors(stored, say), cfg, dtype), cfg, tokenizer)
 
 
 def write_hf(folder: str | Path, params: dict[str, np.ndarray], cfg: Config,

@@ -106,22 +106,25 @@ def read_safetensors(path: str | Path, names: set[str] | None = None) -> dict[st
     """
     path = Path(path)
     entries, start = read_header(path)
-    out = {}
     with open(path, "rb") as f:
-        for name, (dtype, shape, b, e) in entries.items():
-            if names is not None and name not in names:
-                continue
-            f.seek(start + b)
-            raw = f.read(e - b)
-            if len(raw) != e - b:
-                raise _bad(path, f"is truncated inside tensor '{name}'")
-            a = np.frombuffer(raw, dtype=DTYPES[dtype]).reshape(shape)
-            if dtype == "BF16":
-                a = bf16_to_f32(a)
-            elif dtype == "F16":
-                a = a.astype(np.float32)  # every float16 is a float32: exact
-            out[name] = a.astype(a.dtype.newbyteorder("="), copy=True)  # ours, writable
-    return out
+        return {name: read_tensor(f, path, name, entries[name], start) for name in entries
+                if names is None or name in names}
+
+
+def read_tensor(f, path: Path, name: str, entry: tuple, start: int) -> np.ndarray:
+    """One tensor of open file `f` (at `path`), from its checked header `entry` (dtype, shape,
+    begin, end) and the data's offset `start`: BF16 and F16 as float32, exactly."""
+    dtype, shape, b, e = entry
+    f.seek(start + b)
+    raw = f.read(e - b)
+    if len(raw) != e - b:
+        raise _bad(path, f"is truncated inside tensor '{name}'")
+    a = np.frombuffer(raw, dtype=DTYPES[dtype]).reshape(shape)
+    if dtype == "BF16":
+        a = bf16_to_f32(a)
+    elif dtype == "F16":
+        a = a.astype(np.float32)  # every float16 is a float32: exact
+    return a.astype(a.dtype.newbyteorder("="), copy=True)  # ours, writable
 
 
 def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray],
