@@ -99,7 +99,12 @@ def limited(argv: list, gigabytes: float = 3.0,
 
 
 def refused_or_done(rc: int, out: str, err: str, written: Path) -> bool:
-    """The invariant: success, or one line on stderr, status 1, nothing written. True if done."""
+    """The invariant: success, or one line on stderr, status 1, nothing written. True if done.
+    XENITH_FUZZ_LOG=FILE appends each outcome to FILE (the test, the status, the line)."""
+    if os.environ.get("XENITH_FUZZ_LOG"):
+        with open(os.environ["XENITH_FUZZ_LOG"], "a", encoding="utf-8") as f:
+            test = os.environ.get("PYTEST_CURRENT_TEST", "?").split("::")[-1].split(" ")[0]
+            f.write(json.dumps([test, rc, err.strip()[:300]]) + "\n")
     assert "Traceback" not in err, err
     if rc == 0:
         return True
@@ -394,3 +399,24 @@ def test_the_bounded_reader_raises_one_value_error_or_parses(raw):
         parse_json(raw, "'f'", max_depth=8)
     except ValueError as e:
         assert str(e).startswith("'f' ") and "\n" not in str(e)
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "model.safetensors",
+                                  "model.safetensors.index.json"])
+@pytest.mark.parametrize("kind", ["zeros", "random", "fifo", "folder"])
+def test_special_files_in_place_of_any_file_are_one_line(base, tmp_path, name, kind):
+    """Endless devices, a pipe nobody writes and a folder, in place of each file: no hang."""
+    folder = copy_of(base, tmp_path / "hf")
+    if name.endswith("index.json"):
+        folder = _sharded(base, tmp_path / "sharded")
+    target = folder / name
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "folder":
+        target.mkdir()
+    else:
+        target.symlink_to("/dev/zero" if kind == "zeros" else "/dev/urandom")
+    p = limited(["from-hf", folder, "--out", tmp_path / "run"], gigabytes=2.0, seconds=60)
+    assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not (tmp_path / "run").exists()
