@@ -420,3 +420,15 @@ def test_special_files_in_place_of_any_file_are_one_line(base, tmp_path, name, k
     p = limited(["from-hf", folder, "--out", tmp_path / "run"], gigabytes=2.0, seconds=60)
     assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_header_past_the_cap_is_refused_before_it_is_parsed(base, tmp_path):
+    """Many tiny tensors: 17 MB of header would be gigabytes of Python objects."""
+    one = '"t{}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}'
+    header = ("{" + ",".join(one.format(i) for i in range(300_000)) + "}").encode()
+    assert len(header) > 16 * 2**20
+    folder = copy_of(base, tmp_path / "hf")
+    (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    rc, out, err, peak = cli(["from-hf", folder, "--out", tmp_path / "run"])
+    assert rc == 1 and "more than the 16,777,216 this reader accepts" in err, err
+    assert peak < 3 * len(header) and not (tmp_path / "run").exists()

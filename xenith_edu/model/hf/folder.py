@@ -57,8 +57,8 @@ def _shards(folder: Path) -> dict[Path, set[str] | None]:
     shards: dict[Path, set[str]] = {}
     for name, file in weight_map.items():
         if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
-            raise ValueError(f"'{folder / INDEX}' maps '{name}' to {file!r}, not a file name "
-                             "in the folder")
+            raise ValueError(f"'{folder / INDEX}' maps '{name[:80]}' to {repr(file)[:80]}, "
+                             "not a file name in the folder")
         shards.setdefault(folder / file, set()).add(name)
     return shards
 
@@ -114,6 +114,12 @@ def check_size(cfg: Config, entries: dict[str, Stored], folder: Path) -> int:
     """The size gate, before any array is allocated: the parameters config.json implies are the
     values the safetensors headers hold (a buffer of older files and a tied copy of the
     embedding aside). Returns the count; ValueError naming both figures if they differ."""
+    per_layer = 9  # tensors per layer; listing the names costs no more than the headers did
+    missing = (sorted(set(hf_names(cfg)) - set(entries))
+               if per_layer * cfg.n_layer <= len(entries) + per_layer else [])
+    if missing:
+        raise ValueError(f"the checkpoint lacks tensor '{missing[0]}' (and {len(missing) - 1} "
+                         "more) that config.json implies")
     implied = sum(math.prod(s) for s in param_shapes(cfg).values())
     held = sum(math.prod(where.entry[1]) for name, where in entries.items()
                if not name.endswith(IGNORED)
@@ -150,8 +156,9 @@ def read_hf(folder: str | Path, dtype: type = np.float32,
                          f"(with {CONFIG} and {WEIGHTS})")
     if not (folder / CONFIG).is_file():
         raise ValueError(f"'{folder}' has no {CONFIG}: pass a Hugging Face model folder")
+    hf = _json(folder / CONFIG, MAX_CONFIG)  # its errors name the file
     try:
-        cfg = config_from_hf(_json(folder / CONFIG, MAX_CONFIG))
+        cfg = config_from_hf(hf)
     except ValueError as e:
         raise ValueError(f"'{folder / CONFIG}': {e}") from None
     stored = _headers(folder, _shards(folder))

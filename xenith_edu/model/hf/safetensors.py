@@ -22,7 +22,9 @@ DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8",
           "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
 WRITES = {np.dtype("<f8"): "F64", np.dtype("<f4"): "F32", np.dtype("<f2"): "F16",
           np.dtype("<i8"): "I64", np.dtype("<i4"): "I32"}
-MAX_HEADER = 100_000_000  # the format's own limit on the JSON header, in bytes
+# The JSON header's limit, in bytes: the format allows 100 MB, which Python's objects would make
+# gigabytes; a real model's header is under 1 MB (a tensor takes ~100 bytes of it)
+MAX_HEADER = 16 * 2**20
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -43,9 +45,12 @@ def read_header(path: str | Path) -> tuple[dict, int]:
         with open(path, "rb") as f:
             head = f.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else -1
-            if n < 0 or n > min(MAX_HEADER, size - 8):
+            if n < 0 or n > size - 8:
                 raise _bad(path, f"is truncated or not safetensors (header length "
                                  f"{n if n >= 0 else 'missing'}, file of {size} bytes)")
+            if n > MAX_HEADER:
+                raise _bad(path, f"has a header of {n:,} bytes, more than the {MAX_HEADER:,} "
+                                 "this reader accepts (real models have under 1 MB)")
             raw = f.read(n)
     except OSError as e:
         raise _bad(path, f"cannot be read ({e.strerror})") from e
