@@ -121,7 +121,7 @@ def cmd_from_hf(args: argparse.Namespace) -> int:
     from ..training.checkpoint import save_checkpoint  # when the command runs: --help stays fast
 
     # when the command runs: --help stays fast
-    from ..training.runlog import CHECKPOINT, check_run_dir
+    from ..training.rundir import CHECKPOINT, check_run_dir
 
     out, done, told = Path(args.out), [], say("from-hf")
     if out.exists() and not out.is_dir():

@@ -1,6 +1,7 @@
 """The rules of every folder a command writes (`train`, `from-hf`, `to-hf`), in one place: the
-lock that one writer holds, the temporary names and their sweep, the replacement of a whole
-folder (built beside it, then swapped in), and the one line of a write that failed.
+lock that one writer holds, the overwrite rule, the temporary names and their sweep, the
+replacement of a whole folder (built beside it, then swapped in), and the one line of a write
+that failed.
 
 The lock is an advisory lock (flock) on the file `.lock` in the folder: the kernel releases it
 when its process ends, however it ends, so a crash never leaves the folder locked.
@@ -23,11 +24,31 @@ from pathlib import Path
 from ..tools.util import interrupts_held, one_line
 
 LOCK = ".lock"  # in the run folder, while a trainer writes it
+CHECKPOINT = "ckpt.npz"  # a run folder's checkpoint: its presence makes the folder a run
 # Every temporary name a command makes: the atomic writer's files (tools.util.atomic_write) and
 # the folders built beside the one they replace, ".<name>.<12 hex digits>.tmp" both
 TEMP = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{12}\.tmp$")
 # and, whatever their middle, those of the run's own files (older versions named them so)
 RUN_TEMP = re.compile(r"^\.(?P<name>ckpt\.npz|log\.jsonl|loss\.png)\.[^/]+\.tmp$")
+
+
+def check_run_dir(out_dir: str | Path, resume: str | Path | None, overwrite: bool) -> Path:
+    """The run directory `out_dir`, after the overwrite policy: never replace a run by accident.
+
+    A directory that already holds a checkpoint is only written into when resuming that very
+    run, or with `overwrite`. Raises ValueError saying which option to use.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"out_dir '{out_dir}' is a file: pass a directory for the run")
+    ckpt_path = out_dir / CHECKPOINT
+    same_run = resume is not None and Path(resume).resolve() in (ckpt_path.resolve(),
+                                                                 out_dir.resolve())
+    if ckpt_path.exists() and not overwrite and not same_run:
+        raise ValueError(f"out_dir '{out_dir}' already holds a run ({CHECKPOINT}): resume it "
+                         "(--resume), choose another directory (--out), or replace it "
+                         "(--overwrite)")
+    return out_dir
 
 
 class FolderLock:
@@ -188,5 +209,5 @@ def replace_folder(target: Path, build: Path) -> None:
     _remove_tree(old)
 
 
-__all__ = ["LOCK", "TEMP", "FolderLock", "cannot_write", "locked", "remove_stale_builds",
-           "remove_stale_temps", "replace_folder", "temp_name"]
+__all__ = ["CHECKPOINT", "LOCK", "TEMP", "FolderLock", "cannot_write", "check_run_dir", "locked",
+           "remove_stale_builds", "remove_stale_temps", "replace_folder", "temp_name"]

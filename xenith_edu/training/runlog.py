@@ -23,30 +23,12 @@ from ..tools.boundedjson import parse_json
 from ..tools.util import atomic_write, atomic_write_text, interrupts_held, one_line
 from .checkpoint import Checkpoint, config_mismatch, load_checkpoint, save_checkpoint
 from .data import get_batch
+from .rundir import CHECKPOINT, check_run_dir
 
 # Shape legend: E evaluation windows, S positions (seq_len).
 
 EVAL_SEED = 0  # the validation windows depend on this alone, so any two runs compare
-CHECKPOINT, LOG, CURVE = "ckpt.npz", "log.jsonl", "loss.png"  # the files of a run directory
-
-
-def check_run_dir(out_dir: str | Path, resume: str | Path | None, overwrite: bool) -> Path:
-    """The run directory `out_dir`, after the overwrite policy: never replace a run by accident.
-
-    A directory that already holds a checkpoint is only written into when resuming that very
-    run, or with `overwrite`. Raises ValueError saying which option to use.
-    """
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"out_dir '{out_dir}' is a file: pass a directory for the run")
-    ckpt_path = out_dir / CHECKPOINT
-    same_run = resume is not None and Path(resume).resolve() in (ckpt_path.resolve(),
-                                                                 out_dir.resolve())
-    if ckpt_path.exists() and not overwrite and not same_run:
-        raise ValueError(f"out_dir '{out_dir}' already holds a run ({CHECKPOINT}): resume it "
-                         "(--resume), choose another directory (--out), or replace it "
-                         "(--overwrite)")
-    return out_dir
+LOG, CURVE = "log.jsonl", "loss.png"  # the files of a run directory, with CHECKPOINT
 
 
 def check_resume(ckpt: Checkpoint, resume: str | Path, cfg: Config, tc: Any) -> None:
