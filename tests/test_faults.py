@@ -192,3 +192,17 @@ def test_from_hf_checkpoint_holds_the_weights_alone(run):
     n = sum(p.size for p in ckpt.params.values())
     assert ckpt.m is None and ckpt.v is None
     assert (run / "ckpt.npz").stat().st_size < 4 * n * 1.05 + 2**20  # float32, plus metadata
+
+
+def test_conversions_say_each_stage_through_a_pipe(hf, run, tmp_path):
+    rc, out, _, _ = cli(["from-hf", hf, "--out", tmp_path / "run"])
+    stages = [line for line in out.splitlines() if line.startswith("from-hf: ")]
+    raw = (hf / "model.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    n = len(set(header) - {"__metadata__"})  # the tensors
+    assert rc == 0 and stages == [f"from-hf: reading {n} tensors from {hf}",
+                                  f"from-hf: reading the weights: {n} of {n} tensors",
+                                  f"from-hf: writing {tmp_path / 'run' / 'ckpt.npz'}"]
+    rc, out, _, _ = cli(["to-hf", run, "--out", tmp_path / "back"])
+    assert rc == 0 and out.splitlines()[0] == (
+        f"to-hf: writing model.safetensors: {n} of {n} tensors")

@@ -432,3 +432,26 @@ def test_a_header_past_the_cap_is_refused_before_it_is_parsed(base, tmp_path):
     rc, out, err, peak = cli(["from-hf", folder, "--out", tmp_path / "run"])
     assert rc == 1 and "more than the 16,777,216 this reader accepts" in err, err
     assert peak < 3 * len(header) and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("dtype", ["I32", "I8", "U8", "BOOL"])
+def test_weights_that_are_not_floats_are_refused_by_name(base, tmp_path, dtype):
+    from xenith_edu.model.hf import read_safetensors
+
+    tensors = read_safetensors(base / "model.safetensors")
+    name = sorted(tensors)[0]
+    t = tensors[name]
+    header = {k: {"dtype": "F32", "shape": list(a.shape)} for k, a in tensors.items()}
+    header[name]["dtype"] = dtype
+    size = {"I32": 4, "I8": 1, "U8": 1, "BOOL": 1}[dtype]
+    at, body = 0, b""
+    for k in sorted(header):
+        raw = (np.zeros(t.shape, f"<i{size}").tobytes() if k == name
+               else tensors[k].astype("<f4").tobytes())
+        header[k]["data_offsets"] = [at, at + len(raw)]
+        at, body = at + len(raw), body + raw
+    head = json.dumps(header).encode()
+    folder = copy_of(base, tmp_path / "hf")
+    (folder / "model.safetensors").write_bytes(len(head).to_bytes(8, "little") + head + body)
+    rc, _, err, _ = cli(["from-hf", folder, "--out", tmp_path / "run"])
+    assert rc == 1 and f"'{name}' holds {dtype}, not floating-point" in err, err

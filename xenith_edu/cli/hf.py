@@ -7,7 +7,9 @@ A Hugging Face LLaMA folder becomes a run folder that `sample`, `gradcheck --run
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -80,9 +82,17 @@ def fine_tune_config(args: argparse.Namespace, tc, out):
 
 
 def say(command: str) -> Callable[[str], None]:
-    """The progress of long work: a line per stage on stdout, flushed (through a pipe too)."""
+    """The progress of long work on stdout, flushed: a line per stage through a pipe; on a
+    terminal, a count ("12 of 30 tensors") rewrites its own line until it is done."""
+    tty = sys.stdout.isatty()
+
     def told(text: str) -> None:
-        print(f"{command}: {text}", flush=True)
+        count = re.search(r"(\d+) of (\d+) tensors", text)
+        done = count is None or count[1] == count[2]
+        if tty and count:
+            print(f"\r{command}: {text}", end="\n" if done else "", flush=True)
+        elif done:  # through a pipe, a count's last line alone
+            print(f"{command}: {text}", flush=True)
     return told
 
 

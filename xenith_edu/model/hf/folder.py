@@ -25,6 +25,7 @@ from .safetensors import read_header, read_tensor, write_tensors
 WEIGHTS, INDEX, CONFIG, TOKENIZER = ("model.safetensors", "model.safetensors.index.json",
                                      "config.json", "tokenizer.json")
 MAX_CONFIG, MAX_INDEX = 2**20, 16 * 2**20  # bytes: real files are a few kB and a few 100 kB
+FLOATS = ("F32", "BF16", "F16", "F64")  # the weights' dtypes a checkpoint may hold
 Progress = Callable[[str], None]  # told each stage of long work, in a few words
 
 
@@ -92,15 +93,17 @@ class Tensors(Mapping):
     kept: converting them takes the memory of the result and one tensor, not twice the model."""
 
     def __init__(self, stored: dict[str, Stored], progress: Progress) -> None:
-        self.stored, self.say, self.done = stored, progress, 0
+        self.stored, self.say, self.read = stored, progress, set()
 
     def __getitem__(self, name: str) -> np.ndarray:
         where = self.stored[name]
         with open(where.path, "rb") as f:
             a = read_tensor(f, where.path, name, where.entry, where.start)
-        self.done += 1
-        if self.done % max(1, len(self.stored) // 10) == 0:
-            self.say(f"reading the weights: {self.done} of {len(self.stored)} tensors")
+        if name not in self.read:  # a tied embedding is read twice, counted once
+            self.read.add(name)
+            n, total = len(self.read), len(self.stored)
+            if n % max(1, total // 10) == 0 or n == total:
+                self.say(f"reading the weights: {n} of {total} tensors")
         return a
 
     def __iter__(self):
@@ -114,6 +117,10 @@ def check_size(cfg: Config, entries: dict[str, Stored], folder: Path) -> int:
     """The size gate, before any array is allocated: the parameters config.json implies are the
     values the safetensors headers hold (a buffer of older files and a tied copy of the
     embedding aside). Returns the count; ValueError naming both figures if they differ."""
+    for name, where in entries.items():
+        if where.entry[0] not in FLOATS and not name.endswith(IGNORED):
+            raise ValueError(f"the checkpoint's tensor '{name[:80]}' holds {where.entry[0]}, not "
+                             f"floating-point weights ({', '.join(FLOATS)})")
     per_layer = 9  # tensors per layer; listing the names costs no more than the headers did
     missing = (sorted(set(hf_names(cfg)) - set(entries))
                if per_layer * cfg.n_layer <= len(entries) + per_layer else [])
