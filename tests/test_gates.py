@@ -455,3 +455,16 @@ def test_weights_that_are_not_floats_are_refused_by_name(base, tmp_path, dtype):
     (folder / "model.safetensors").write_bytes(len(head).to_bytes(8, "little") + head + body)
     rc, _, err, _ = cli(["from-hf", folder, "--out", tmp_path / "run"])
     assert rc == 1 and f"'{name}' holds {dtype}, not floating-point" in err, err
+
+
+def test_a_tokenizer_regex_that_gives_up_is_one_line_in_sample(base, tmp_path):
+    """A normalizer whose regex backtracks past Oniguruma's limit: the library panics in Rust,
+    which prints a backtrace on descriptor 2 before Python sees the error."""
+    folder = copy_of(base, tmp_path / "hf")
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["normalizer"] = {"type": "Replace", "pattern": {"Regex": "(a+)+$"}, "content": "x"}
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    assert limited(["from-hf", folder, "--out", tmp_path / "run"]).returncode == 0
+    p = limited(["sample", tmp_path / "run", "--prompt", "a" * 40 + "b", "--chars", "2"])
+    assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "retry-limit" in p.stderr

@@ -7,7 +7,10 @@ Shape legend: T tokens.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +97,28 @@ PROBE = "Hello, world: 1.5"  # encoded and decoded once when a tokenizer is made
 NO_TOKEN = "\N{REPLACEMENT CHARACTER}"  # what decode writes for an id past the tokenizer's last
 
 
+@contextmanager
+def _native_stderr_held() -> Iterator[None]:
+    """While the library runs, what native code writes on file descriptor 2 (a Rust panic's
+    message and backtrace, printed before Python sees the error) goes to the null device, so
+    that a refusal stays one line. Python's own sys.stderr is not touched."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield  # no descriptor 2 to guard (an embedded interpreter)
+        return
+    try:
+        with open(os.devnull, "wb") as sink:
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
 def _library_error(e: BaseException) -> str:
     """The first line of an error of the `tokenizers` library (its own types, or a Rust panic,
     which Python sees as a BaseException)."""
@@ -134,8 +159,9 @@ class BPETokenizer:
         lib = _tokenizers()
         spec, self.notes = _checked_spec(spec)
         try:
-            self._tok = lib.Tokenizer.from_str(spec)
-            self._tok.decode(self._tok.encode(PROBE, add_special_tokens=False).ids)
+            with _native_stderr_held():
+                self._tok = lib.Tokenizer.from_str(spec)
+                self._tok.decode(self._tok.encode(PROBE, add_special_tokens=False).ids)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # the library's own type, or a panic (a BaseException)
@@ -168,7 +194,8 @@ class BPETokenizer:
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         try:
-            ids = self._tok.encode(text, add_special_tokens=False).ids
+            with _native_stderr_held():
+                ids = self._tok.encode(text, add_special_tokens=False).ids
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # e.g. a character without a token and no unknown token
@@ -193,7 +220,8 @@ class BPETokenizer:
 
     def _decode(self, ids: list[int]) -> str:
         try:
-            return self._tok.decode(ids, skip_special_tokens=False)
+            with _native_stderr_held():
+                return self._tok.decode(ids, skip_special_tokens=False)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:
