@@ -206,3 +206,30 @@ def test_conversions_say_each_stage_through_a_pipe(hf, run, tmp_path):
     rc, out, _, _ = cli(["to-hf", run, "--out", tmp_path / "back"])
     assert rc == 0 and out.splitlines()[0] == (
         f"to-hf: writing model.safetensors: {n} of {n} tensors")
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["swap", "two-renames"])
+def test_to_hf_overwrite_replaces_the_whole_folder(run, tmp_path, monkeypatch, exchange):
+    from xenith_edu.training import rundir
+
+    if not exchange:  # a file system without renameat2's exchange
+        monkeypatch.setattr(rundir, "_exchange", lambda a, b: False)
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_bytes(b"old")
+    (out / "generation_config.json").write_text("{}")  # the old model's: replaced with it
+    rc, _, err, _ = cli(["to-hf", run, "--out", out, "--overwrite"])
+    assert rc == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors",
+                                                    "tokenizer.json"]
+    assert temps(out, tmp_path) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_to_hf_refuses_a_folder_of_other_files(run, tmp_path):
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    rc, _, err, _ = cli(["to-hf", run, "--out", out, "--overwrite"])
+    assert rc == 1 and "holds files that are not a model" in err
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
