@@ -346,6 +346,13 @@ def test_a_huge_context_costs_only_what_sampling_uses(base, tmp_path):
     p = limited(["sample", tmp_path / "run", "--prompt", "To be", "--chars", "5"],
                 gigabytes=2.0)
     assert p.returncode == 0 and p.stdout.startswith("To be"), p.stderr
+    (tmp_path / "text.txt").write_text(TEXT)
+    p = limited(["train", "--init", tmp_path / "run", "--out",  # 2 heads: not the preset's 4
+                 tmp_path / "tuned", "--steps",
+                 "1", "--seq-len", "8", "--batch-size", "2", "--eval-batches", "1", "--text",
+                 tmp_path / "text.txt", "--threads", "1", "--no-progress", "--sample-chars",
+                 "5"], gigabytes=2.0)
+    assert p.returncode == 0 and "sample:" in p.stdout, p.stderr
 
 
 @pytest.mark.parametrize("what, value", [

@@ -77,8 +77,11 @@ def fine_tune_config(args: argparse.Namespace, tc, out):
     if given:
         raise settings.UsageError(f"--init takes the model from the checkpoint: drop "
                                   f"{', '.join('--' + g.replace('_', '-') for g in given)}")
-    tc = adopt_model(tc, read_meta(args.init)["config"])
-    return tc, out
+    cfg = read_meta(args.init)["config"]
+    # with its key/value heads, in one step: the preset's (its n_head) need not divide the
+    # model's n_head, nor its n_head the model's width
+    model = {k: getattr(cfg, k) for k in (*MODEL_FIELDS, "n_kv_head")}
+    return adopt_model(replace(tc, model=replace(tc.model, **model)), cfg), out
 
 
 def say(command: str) -> Callable[[str], None]:
