@@ -475,3 +475,33 @@ def test_a_tokenizer_regex_that_gives_up_is_one_line_in_sample(base, tmp_path):
     p = limited(["sample", tmp_path / "run", "--prompt", "a" * 40 + "b", "--chars", "2"])
     assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "retry-limit" in p.stderr
+
+
+# -- the rules after the gates ------------------------------------------------------------------
+
+
+@fuzz(30)
+@given(prompt=st.text(alphabet="To be,ntqus\n", min_size=1, max_size=12),
+       n=st.integers(0, 20), context=st.integers(1, 40), seed=st.integers(0, 3))
+def test_capping_the_context_by_what_is_used_draws_the_same_tokens(base, prompt, n, context,
+                                                                   seed):
+    from xenith_edu.cli.hf import sample_config
+    from xenith_edu.model.generate import sample_text
+
+    tok = BPETokenizer.from_file(base / "tokenizer.json")
+    cfg = Config(vocab_size=tok.vocab_size + 3, n_embd=16, n_head=2, n_kv_head=1, n_layer=1,
+                 ffn_hidden=32, seq_len=context)
+    params = random_params(cfg, np.random.default_rng(seed), dtype=np.float32)
+    capped = sample_config(cfg, tok, prompt, n)
+    assert capped.seq_len <= min(cfg.seq_len, len(tok.encode(prompt)) + n)
+    assert (sample_text(params, capped, tok, prompt, n, seed=seed)
+            == sample_text(params, cfg, tok, prompt, n, seed=seed))
+
+
+def test_ids_past_the_tokenizer_decode_as_the_replacement_character(base):
+    tok = BPETokenizer.from_file(base / "tokenizer.json")
+    ids = tok.encode("To be, or not")
+    V = tok.vocab_size
+    assert tok.decode([*ids, V, V + 7, *ids]) == "To be, or not\ufffd\ufffdTo be, or not"
+    with pytest.raises(ValueError, match=">= 0"):
+        tok.decode([-1])
