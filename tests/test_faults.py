@@ -33,7 +33,7 @@ from xenith_edu.training.checkpoint import load_checkpoint  # noqa: E402
 from xenith_edu.training.rundir import TEMP, FolderLock  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-KILLS = int(os.environ.get("XENITH_FAULTS", "4"))  # random moments per command and signal
+KILLS = int(os.environ.get("XENITH_FAULTS", "2"))  # random moments per command and signal
 
 
 @pytest.fixture(scope="module")
