@@ -194,8 +194,14 @@ def test_from_hf_checkpoint_holds_the_weights_alone(run):
     assert (run / "ckpt.npz").stat().st_size < 4 * n * 1.05 + 2**20  # float32, plus metadata
 
 
+def piped(argv: list) -> tuple[int, str]:
+    p = start(argv)
+    out, _ = p.communicate(timeout=120)
+    return p.returncode, out
+
+
 def test_conversions_say_each_stage_through_a_pipe(hf, run, tmp_path):
-    rc, out, _, _ = cli(["from-hf", hf, "--out", tmp_path / "run"])
+    rc, out = piped(["from-hf", hf, "--out", tmp_path / "run"])
     stages = [line for line in out.splitlines() if line.startswith("from-hf: ")]
     raw = (hf / "model.safetensors").read_bytes()
     header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
@@ -203,9 +209,11 @@ def test_conversions_say_each_stage_through_a_pipe(hf, run, tmp_path):
     assert rc == 0 and stages == [f"from-hf: reading {n} tensors from {hf}",
                                   f"from-hf: reading the weights: {n} of {n} tensors",
                                   f"from-hf: writing {tmp_path / 'run' / 'ckpt.npz'}"]
-    rc, out, _, _ = cli(["to-hf", run, "--out", tmp_path / "back"])
+    rc, out = piped(["to-hf", run, "--out", tmp_path / "back"])
     assert rc == 0 and out.splitlines()[0] == (
         f"to-hf: writing model.safetensors: {n} of {n} tensors")
+    assert [line for line in cli(["to-hf", run, "--out", tmp_path / "quiet"])[1].splitlines()
+            if line.startswith("to-hf: ")] == []  # captured in-process (a notebook): no progress
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["swap", "two-renames"])

@@ -86,7 +86,12 @@ def fine_tune_config(args: argparse.Namespace, tc, out):
 
 def say(command: str) -> Callable[[str], None]:
     """The progress of long work on stdout, flushed: a line per stage through a pipe; on a
-    terminal, a count ("12 of 30 tensors") rewrites its own line until it is done."""
+    terminal, a count ("12 of 30 tensors") rewrites its own line until it is done. Output a
+    program captures in-process (no file descriptor: a notebook, a test) gets no progress."""
+    try:
+        sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return lambda text: None
     tty = sys.stdout.isatty()
 
     def told(text: str) -> None:
