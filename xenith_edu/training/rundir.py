@@ -197,12 +197,14 @@ def replace_folder(target: Path, build: Path) -> None:
     """Put the folder `build` (made beside `target`, at `temp_name(target)`) in place of
     `target`, in one step where the system can (else two renames, with the interrupts held
     between them), then remove the old one. A kill in between leaves the old folder or the new
-    one at `target`, and a temporary name that the next command's sweep removes."""
+    one at `target`, and a temporary name that the next command's sweep removes. (Without the
+    swap, a kill between the two renames leaves the old folder as `.<name>.<hex>.old`, which
+    no sweep removes: nothing is lost.)"""
     with interrupts_held():
         if target.exists() and _exchange(build, target):
             old = build  # the old folder now has the temporary name
         else:
-            old = temp_name(target)
+            old = temp_name(target).with_suffix(".old")
             if target.exists():
                 os.rename(target, old)
             os.rename(build, target)
