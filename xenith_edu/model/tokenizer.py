@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..tools.boundedjson import parse_json
+from ..tools.boundedjson import MAX_BYTES, parse_json
 
 
 def _show(chars: Iterable[str], limit: int = 10) -> str:
@@ -175,7 +175,7 @@ class BPETokenizer:
         """The tokenizer of a `tokenizer.json` file."""
         try:
             with open(path, "rb") as f:
-                raw = f.read(64 * 2**20 + 1)  # the JSON reader's cap: never more is read
+                raw = f.read(MAX_BYTES + 1)  # the JSON reader's cap: never more is read
             text = raw.decode("utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"tokenizer file '{path}' cannot be read as UTF-8 text "

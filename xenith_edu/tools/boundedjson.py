@@ -43,8 +43,8 @@ def parse_json(raw: bytes, where: str, *, max_bytes: int = MAX_BYTES,
     `where` (e.g. "'model/config.json'") and says what is wrong: too large, nested deeper than
     `max_depth`, not UTF-8, not JSON, or NaN/Infinity (which JSON does not have)."""
     if len(raw) > max_bytes:
-        raise ValueError(f"{where} has {len(raw):,} bytes of JSON, more than the {max_bytes:,} "
-                         "this reader accepts")
+        raise ValueError(f"{where} holds more than the {max_bytes:,} bytes of JSON this "
+                         "reader accepts")
     depth = nesting(raw)
     if depth > max_depth:
         raise ValueError(f"{where} nests JSON {depth} levels deep, more than the {max_depth} "
@@ -72,20 +72,4 @@ def read_json(path: str | Path, *, max_bytes: int = MAX_BYTES,
     return parse_json(raw, where, max_bytes=max_bytes, max_depth=max_depth)
 
 
-def field(record: dict, key: str, kind: type | tuple[type, ...], where: str) -> object:
-    """record[key], which must be of `kind` (a bool is never an int): else one ValueError naming
-    `where` and the field."""
-    value = record.get(key)
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        names = " or ".join(k.__name__ for k in kinds)
-        raise ValueError(f"{where} field {key} = {_short(value)}: expected {names}")
-    return value
-
-
-def _short(value: object, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "field", "nesting", "parse_json", "read_json"]
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "nesting", "parse_json", "read_json"]
