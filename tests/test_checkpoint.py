@@ -394,7 +394,7 @@ def test_unreadable_metadata_is_refused(tmp_path):
     _save(path)
     _rewrite(path, lambda a: a.update(meta=np.array("{not json")))
     with pytest.raises(ValueError, match="^" + re.escape(f"checkpoint '{path}' has unreadable "
-                       "metadata (JSONDecodeError: ") + r".*\): " + re.escape(AGAIN) + "$"):
+                       "metadata (it is not JSON (") + r".*\)\): " + re.escape(AGAIN) + "$"):
         load_checkpoint(path)
     _rewrite(path, lambda a: a.update(meta=np.array("[1, 2]")))
     with refused(path, f"has unreadable metadata (a list, not a record): {AGAIN}"):
@@ -883,3 +883,61 @@ def test_the_handler_gets_the_frame_the_signal_came_in():
     (signum, frame), = got
     assert signum == signal.SIGTERM and frame.f_code.co_name == (
         "test_the_handler_gets_the_frame_the_signal_came_in")
+
+
+# ---------------------------------------------- a checkpoint the size of what it holds, read once
+
+
+def test_weights_alone_round_trip_and_groups_read_alone(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    params, m, v = _state()
+    save_checkpoint(path, params, None, None, 0, np.random.default_rng(0), CFG, VOCAB)
+    ck = load_checkpoint(path)
+    assert ck.m is None and ck.v is None
+    for k in params:
+        np.testing.assert_array_equal(ck.params[k], params[k])
+    n = sum(p.nbytes for p in params.values())
+    _save(path)
+    assert load_checkpoint(path, groups=("params",)).m is None
+    with zipfile.ZipFile(path) as z:
+        full = sum(i.file_size for i in z.infolist() if i.filename.startswith("params/"))
+    assert n <= full <= n + 256 * len(params)  # the weights' bytes and a .npy header each
+    with pytest.raises(ValueError, match="both be given, or both be None"):
+        save_checkpoint(path, params, m, None, 0, np.random.default_rng(0), CFG, VOCAB)
+
+
+def test_moments_false_with_moments_in_the_file_is_refused(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    _save(path)
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays["meta"][()]))
+    meta["moments"] = False
+    arrays["meta"] = np.array(json.dumps(meta))
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match="unexpected arrays"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("how", ["resume", "init"])
+def test_the_command_line_reads_each_array_once(tmp_path, monkeypatch, how):
+    from collections import Counter
+
+    from xenith_edu.cli import main
+    from xenith_edu.training import checkpoint
+
+    run = tmp_path / "run"
+    quick = ["--preset", "small", "--eval-every", "1", "--no-progress", "--sample-chars", "0",
+             "--threads", "1", "--eval-batches", "1", "--batch-size", "2"]
+    assert main(["train", *quick, "--steps", "1", "--out", str(run)]) == 0
+    reads, original = Counter(), checkpoint._read_npy
+
+    def counted(f, size, name):
+        reads[name] += 1
+        return original(f, size, name)
+
+    monkeypatch.setattr(checkpoint, "_read_npy", counted)
+    argv = (["--resume", str(run), "--steps", "2"] if how == "resume" else
+            ["--init", str(run), "--out", str(tmp_path / "new"), "--steps", "1"])
+    assert main(["train", *quick, *argv]) == 0
+    assert reads["params/wte.npy"] == 1 and max(reads.values()) <= 2, reads  # meta: twice

@@ -9,14 +9,13 @@ import argparse
 import os
 import signal
 import sys
-import threading
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
 
 from .. import __version__
-from ..tools.util import one_line
+from ..tools.util import Terminated, one_line, sigterm_raises
 from . import hf, settings
 
 PROG = "xenith-edu"
@@ -301,24 +300,9 @@ def _default_prompt(vocab: str) -> str:
     return "\n" if "\n" in vocab or not vocab else vocab[0]  # a BPE run has no vocab string
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (`kill`, a Slurm time limit, `docker stop`), raised where Ctrl-C raises
-    KeyboardInterrupt: the same clean stop (the last checkpoint intact, no temporary file left),
-    then the conventional exit status 128 + 15."""
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated()
-
-
 def _cmd_train(args: argparse.Namespace) -> int:
-    if threading.current_thread() is not threading.main_thread():
-        return _train(args)  # only the main thread can take a signal
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
+    with sigterm_raises():  # SIGTERM stops the run as Ctrl-C does (only in the main thread)
         return _train(args)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -346,8 +330,9 @@ def _train(args: argparse.Namespace) -> int:
           f"{result.seconds:.0f} s in all")
     if args.sample_chars:
         print("sample:")
-        print(sample_text(result.params, result.config, result.tokenizer,
-                          _default_prompt(result.tokenizer.vocab),
+        prompt = _default_prompt(result.tokenizer.vocab)
+        cfg = hf.sample_config(result.config, result.tokenizer, prompt, args.sample_chars)
+        print(sample_text(result.params, cfg, result.tokenizer, prompt,
                           args.sample_chars, temperature=0.8, seed=0))
     return 0
 
@@ -373,7 +358,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
     ckpt = load_checkpoint(args.checkpoint)
     prompt = _default_prompt(ckpt.vocab) if args.prompt is None else args.prompt
-    text = sample_text(ckpt.params, ckpt.config, ckpt.tokenizer(), prompt,
+    cfg = hf.sample_config(ckpt.config, ckpt.tokenizer(), prompt, args.chars)  # context used
+    text = sample_text(ckpt.params, cfg, ckpt.tokenizer(), prompt,
                        args.chars, temperature=args.temperature, top_k=args.top_k,
                        seed=args.seed)
     print(text)

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..model import Config
 from ..training import PRESETS, TrainConfig
-from ..training.checkpoint import load_checkpoint
+from ..training.checkpoint import read_meta
 from ..training.config import model_fields, model_help
 
 
@@ -157,9 +157,9 @@ def train_config(args: argparse.Namespace) -> tuple[TrainConfig, str | Path]:
 
 def _saved_settings(resume: str) -> TrainConfig:
     """The settings a checkpoint was trained with; ValueError naming the file if unreadable."""
-    ckpt = load_checkpoint(resume)
+    train = read_meta(resume)["train"]  # the metadata alone: the trainer reads the arrays once
     try:
-        return TrainConfig.from_dict(ckpt.train)
+        return TrainConfig.from_dict(train)
     except (ValueError, TypeError) as e:
         raise ValueError(f"checkpoint '{resume}' has training settings this version cannot read "
                          f"({e}): start a new run with --out") from None

@@ -6,10 +6,16 @@ Shape legend: T tokens.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+
+from ..tools.boundedjson import MAX_BYTES, parse_json
 
 
 def _show(chars: Iterable[str], limit: int = 10) -> str:
@@ -87,9 +93,63 @@ def _tokenizers():
     return tokenizers
 
 
+PROBE = "Hello, world: 1.5"  # encoded and decoded once when a tokenizer is made (plain text)
+NO_TOKEN = "\N{REPLACEMENT CHARACTER}"  # what decode writes for an id past the tokenizer's last
+
+
+@contextmanager
+def _native_stderr_held() -> Iterator[None]:
+    """While the library runs, what native code writes on file descriptor 2 (a Rust panic's
+    message and backtrace, printed before Python sees the error) goes to the null device, so
+    that a refusal stays one line. Python's own sys.stderr is not touched."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield  # no descriptor 2 to guard (an embedded interpreter)
+        return
+    try:
+        with open(os.devnull, "wb") as sink:
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
+def _library_error(e: BaseException) -> str:
+    """The first line of an error of the `tokenizers` library (its own types, or a Rust panic,
+    which Python sees as a BaseException)."""
+    return (str(e).splitlines() or [type(e).__name__])[0][:200]
+
+
+def _checked_spec(spec: str) -> tuple[str, list[str]]:
+    """The tokenizer.json text `spec` after its gate, and notes on what was switched off.
+
+    The JSON is read with a byte and nesting cap before the library sees it; truncation and
+    padding are switched off (a run encodes whole texts, one id per token: a truncation would
+    cut a text silently, a huge fixed padding would abort the process from native code)."""
+    value = parse_json(spec.encode("utf-8", "surrogatepass"), "tokenizer.json")
+    if not isinstance(value, dict) or not isinstance(value.get("model"), dict):
+        raise ValueError("tokenizer.json is not a tokenizer: it needs a \"model\" object")
+    notes = []
+    for key in ("truncation", "padding"):
+        if value.get(key) is not None:
+            notes.append(f"tokenizer.json's {key} is switched off (a run encodes whole texts)")
+            value[key] = None
+    return (json.dumps(value, ensure_ascii=False) if notes else spec), notes
+
+
 class BPETokenizer:
     """A byte-pair-encoding tokenizer from a Hugging Face `tokenizer.json`, through the
-    `tokenizers` library: the interface of `CharTokenizer` (encode, decode, vocab_size)."""
+    `tokenizers` library: the interface of `CharTokenizer` (encode, decode, vocab_size).
+
+    The file is checked before the library reads it (`_checked_spec`: sizes, nesting,
+    truncation and padding off), then a probe text is encoded and decoded: every error of the
+    library, at any of these steps, is one ValueError. `notes` says what was switched off.
+    The rule for a model with more embedding rows than tokens: those ids decode as U+FFFD."""
 
     kind = "bpe"
 
@@ -97,11 +157,16 @@ class BPETokenizer:
         if not isinstance(spec, str):
             raise TypeError(f"spec must be the text of a tokenizer.json, got {type(spec).__name__}")
         lib = _tokenizers()
+        spec, self.notes = _checked_spec(spec)
         try:
-            self._tok = lib.Tokenizer.from_str(spec)
-        except Exception as e:  # the library raises its own exception type for a bad file
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ValueError(f"tokenizer.json cannot be read by tokenizers ({first})") from None
+            with _native_stderr_held():
+                self._tok = lib.Tokenizer.from_str(spec)
+                self._tok.decode(self._tok.encode(PROBE, add_special_tokens=False).ids)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # the library's own type, or a panic (a BaseException)
+            raise ValueError(f"tokenizer.json cannot be used by tokenizers "
+                             f"({_library_error(e)})") from None
         self.spec = spec
         self.vocab = ""  # no character vocabulary: the checkpoint stores `spec` instead
 
@@ -109,11 +174,16 @@ class BPETokenizer:
     def from_file(cls, path: str | Path) -> BPETokenizer:
         """The tokenizer of a `tokenizer.json` file."""
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            with open(path, "rb") as f:
+                raw = f.read(MAX_BYTES + 1)  # the JSON reader's cap: never more is read
+            text = raw.decode("utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"tokenizer file '{path}' cannot be read as UTF-8 text "
                              f"({type(e).__name__})") from None
-        return cls(text)
+        try:
+            return cls(text)
+        except ValueError as e:
+            raise ValueError(f"tokenizer file '{path}': {e}") from None
 
     @property
     def vocab_size(self) -> int:
@@ -123,15 +193,40 @@ class BPETokenizer:
         """Token ids (int64, shape (T,)) of `text`, without special tokens added."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return np.array(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        try:
+            with _native_stderr_held():
+                ids = self._tok.encode(text, add_special_tokens=False).ids
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # e.g. a character without a token and no unknown token
+            raise ValueError(f"the tokenizer cannot encode this text ({_library_error(e)})"
+                             ) from None
+        return np.array(ids, dtype=np.int64)
 
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
-        """The text of token ids (any iterable of ints in [0, vocab_size))."""
-        ids = np.asarray(ids)
-        V = self.vocab_size
-        if ids.size and (ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= V):
-            raise ValueError(f"ids must be integers in [0, {V})")
-        return self._tok.decode(ids.ravel().tolist(), skip_special_tokens=False)
+        """The text of token ids (any iterable of ints >= 0); an id the tokenizer has no token
+        for (a model's spare embedding rows) decodes as U+FFFD, the text around it as usual."""
+        ids = np.asarray(ids).ravel()
+        if ids.size and (ids.dtype.kind not in "iu" or ids.min() < 0):
+            raise ValueError("ids must be integers >= 0")
+        V, parts, start = self.vocab_size, [], 0
+        for at in [*np.flatnonzero(ids >= V).tolist(), len(ids)]:
+            if at > start:
+                parts.append(self._decode(ids[start:at].tolist()))
+            if at < len(ids):
+                parts.append(NO_TOKEN)
+            start = at + 1
+        return "".join(parts)
+
+    def _decode(self, ids: list[int]) -> str:
+        try:
+            with _native_stderr_held():
+                return self._tok.decode(ids, skip_special_tokens=False)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:
+            raise ValueError(f"the tokenizer cannot decode these ids ({_library_error(e)})"
+                             ) from None
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size})"

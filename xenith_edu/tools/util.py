@@ -46,6 +46,30 @@ def interrupts_held() -> Iterator[None]:
             _deliver(*came[0], previous[came[0][0]])
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, a Slurm time limit, `docker stop`), raised where Ctrl-C raises
+    KeyboardInterrupt: the same clean stop (the last good file intact, no temporary file left),
+    then the conventional exit status 128 + 15."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Inside the block, SIGTERM raises `Terminated` in the main thread, as Ctrl-C raises
+    KeyboardInterrupt, so that a command cleans up the same way for both (elsewhere: nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _deliver(signum: int, frame: object, handler: object) -> None:
     """What `signum` would have done had it not been held: call its handler, or end the
     process by its default action."""

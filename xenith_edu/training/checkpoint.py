@@ -20,12 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from ..model import CharTokenizer, Config, param_shapes, tokenizer_of
+from ..tools.boundedjson import MAX_BYTES, parse_json
 from ..tools.util import atomic_write, one_line
 
 FORMAT = "xenith-edu checkpoint 1"
 GROUPS = ("params", "m", "v")  # parameters, AdamW first and second moments
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM")  # the generators whose state is plain JSON
 _AGAIN = "use a checkpoint written by `xenith-edu train`"
+_PIECE = 2**24  # bytes read at a time from a checkpoint's member
 _INTACT = "use an intact checkpoint or train again"
 # what the zip and .npy readers raise on a damaged file: a bad directory or CRC, a compression
 # method or an "encrypted" flag that bits flipped into, an empty member, a garbled header
@@ -39,8 +41,8 @@ class Checkpoint:
     """Everything a run needs to continue: see `save_checkpoint` for the meaning of each field."""
 
     params: dict[str, np.ndarray]
-    m: dict[str, np.ndarray]
-    v: dict[str, np.ndarray]
+    m: dict[str, np.ndarray] | None  # None: a file of weights alone (from-hf), or not read
+    v: dict[str, np.ndarray] | None
     step: int
     config: Config
     vocab: str
@@ -77,8 +79,8 @@ def generator_from_state(state: dict) -> np.random.Generator:
 def save_checkpoint(
     path: str | Path,
     params: dict[str, np.ndarray],
-    m: dict[str, np.ndarray],
-    v: dict[str, np.ndarray],
+    m: dict[str, np.ndarray] | None,
+    v: dict[str, np.ndarray] | None,
     step: int,
     rng: np.random.Generator,
     config: Config,
@@ -91,16 +93,21 @@ def save_checkpoint(
     `step` is the number of updates already applied to `params` (and the 1-based count of the
     last one, for AdamW's bias correction); `rng` is the training generator, saved in the state
     in which it will draw the batch of update `step`; `train` holds the training settings;
-    `tokenizer_spec` a BPE model's tokenizer.json text (then `vocab` is "").
+    `tokenizer_spec` a BPE model's tokenizer.json text (then `vocab` is ""). `m` and `v` both
+    None write the weights alone (a converted model: moments appear when training makes them).
     """
-    if set(params) != set(m) or set(params) != set(v):
+    moments = not (m is None and v is None)
+    if moments and (m is None or v is None):
+        raise ValueError("m and v must both be given, or both be None (weights alone)")
+    if moments and (set(params) != set(m) or set(params) != set(v)):
         raise ValueError("params, m and v must have the same keys")
     name = type(rng.bit_generator).__name__
     if name not in _BIT_GENERATORS:
         raise ValueError(f"rng uses the bit generator {name}, whose state is not plain JSON: "
                          f"use one of {_BIT_GENERATORS}, e.g. np.random.default_rng(seed)")
     arrays = {f"{group}/{k}": np.ascontiguousarray(a)
-              for group, d in zip(GROUPS, (params, m, v), strict=True) for k, a in d.items()}
+              for group, d in zip(GROUPS, (params, m, v), strict=True) if d is not None
+              for k, a in d.items()}
     meta = {
         "format": FORMAT,
         "step": int(step),
@@ -110,6 +117,8 @@ def save_checkpoint(
         "train": train or {},
         "checksums": {k: checksum(a) for k, a in arrays.items()},  # verified by load_checkpoint
     }
+    if not moments:
+        meta["moments"] = False  # a file of weights alone: its reader expects no m and v
     if tokenizer_spec is not None:
         meta["tokenizer"] = tokenizer_spec
     arrays["meta"] = np.array(json.dumps(meta))  # a 0-d unicode array: no pickle needed
@@ -131,55 +140,81 @@ def _bad(path: Path, why: str) -> ValueError:
     return ValueError(f"checkpoint '{path}' {why}")
 
 
-def load_checkpoint(path: str | Path, config: Config | None = None) -> Checkpoint:
-    """Read and check a checkpoint; raise ValueError naming what is wrong with it.
-
-    Checks: a complete .npz written by `save_checkpoint`, readable metadata (format, step >= 0,
-    config, a vocabulary of vocab_size characters, a valid random state, the training settings),
-    exactly the arrays the stored config implies with their shapes and one float dtype, finite
-    parameters, and (if `config` is given) the same model config.
-    """
+def _path(path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
         path = path / "ckpt.npz"
     if not path.is_file():
         raise _bad(path, "does not exist: pass the ckpt.npz file that `xenith-edu train` wrote "
                          "(or its directory)")
-    unreadable = "is truncated or is not a xenith-edu checkpoint"
+    return path
+
+
+def _read(path: Path, keep: tuple[str, ...]) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The arrays of the groups `keep` and the metadata, and the names of all the file holds."""
     try:
-        arrays = read_npz(path)
+        return read_npz(path, lambda name: name == "meta" or name.split("/")[0] in keep)
     except _ZIP_ERRORS as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else one_line(e)
-        raise _bad(path, f"{unreadable} ({reason}): {_INTACT}") from None
+        raise _bad(path, f"is truncated or is not a xenith-edu checkpoint ({reason}): "
+                         f"{_INTACT}") from None
+
+
+def read_meta(path: str | Path) -> dict:
+    """The checked metadata of a checkpoint (its config a `Config`), without reading an array:
+    what the command line needs to know of a run before the trainer reads it once."""
+    path = _path(path)
+    arrays, _ = _read(path, ())
     if "meta" not in arrays:
-        raise _bad(path, f"{unreadable} (no metadata): {_AGAIN}")
+        raise _bad(path, f"is truncated or is not a xenith-edu checkpoint (no metadata): {_AGAIN}")
+    return _read_meta(path, arrays["meta"])
+
+
+def load_checkpoint(path: str | Path, config: Config | None = None, *,
+                    groups: tuple[str, ...] = GROUPS) -> Checkpoint:
+    """Read and check a checkpoint; raise ValueError naming what is wrong with it.
+
+    Checks: a complete .npz written by `save_checkpoint`, readable metadata (format, step >= 0,
+    config, a vocabulary of vocab_size characters, a valid random state, the training settings),
+    exactly the arrays the stored config implies with their shapes and one float dtype, finite
+    parameters, and (if `config` is given) the same model config. `groups=("params",)` reads
+    the weights alone (m and v are then None, as in a file of weights alone).
+    """
+    path = _path(path)
+    arrays, names = _read(path, tuple(groups))
+    if "meta" not in arrays:
+        raise _bad(path, f"is truncated or is not a xenith-edu checkpoint (no metadata): {_AGAIN}")
     meta = _read_meta(path, arrays.pop("meta"))
-    stored = meta["config"]
-    _check_arrays(path, arrays, param_shapes(stored))
-    _check_sums(path, arrays, meta.get("checksums"))
+    stored, held = meta["config"], GROUPS if meta["moments"] else GROUPS[:1]
+    _check_arrays(path, arrays, names, param_shapes(stored), held)
+    _check_sums(path, arrays, names, meta.get("checksums"))
     if config is not None and config != stored:
         raise _bad(path, f"is from another model config ({config_mismatch(stored, config)}): "
                          "resume with the settings it was trained with, or start a new run")
-    groups = {g: {k: arrays[f"{g}/{k}"] for k in param_shapes(stored)} for g in GROUPS}
-    return Checkpoint(groups["params"], groups["m"], groups["v"], meta["step"], stored,
+    got = {g: {k: arrays[f"{g}/{k}"] for k in param_shapes(stored)} if g in groups and g in held
+           else None for g in GROUPS}
+    return Checkpoint(got["params"], got["m"], got["v"], meta["step"], stored,
                       meta["vocab"], meta["rng_state"], meta["train"], meta.get("tokenizer"))
 
 
-def read_npz(path: Path) -> dict[str, np.ndarray]:
-    """Every array of the .npz file `path`, by name, allocated only once the file is known to
-    hold its bytes. Raises one of _ZIP_ERRORS (ValueError for what the zip reader accepts)."""
-    limit, arrays = path.stat().st_size, {}
+def read_npz(path: Path, keep=lambda name: True) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The arrays of the .npz file `path` whose name `keep` accepts, and the names of all its
+    arrays; each allocated only once the file is known to hold its bytes. Raises one of
+    _ZIP_ERRORS (ValueError for what the zip reader accepts)."""
+    limit, arrays, names = path.stat().st_size, {}, []
     with zipfile.ZipFile(path) as z:
         for info in z.infolist():
             name = info.filename.removesuffix(".npy")
-            if name == info.filename or name in arrays:
+            if name == info.filename or name in names:
                 raise ValueError(f"member '{info.filename}' is not one array of the file")
             if info.compress_type != zipfile.ZIP_STORED or info.file_size > limit:
                 raise ValueError(f"member '{info.filename}' claims {info.file_size} bytes, "
                                  "compressed or more than the file holds")
-            with z.open(info) as f:
-                arrays[name] = _read_npy(f, info.file_size, info.filename)
-    return arrays
+            names.append(name)
+            if keep(name):
+                with z.open(info) as f:
+                    arrays[name] = _read_npy(f, info.file_size, info.filename)
+    return arrays, names
 
 
 def _read_npy(f, size: int, name: str) -> np.ndarray:
@@ -198,7 +233,14 @@ def _read_npy(f, size: int, name: str) -> np.ndarray:
         raise ValueError(f"member '{name}' claims shape {shape} of {dtype}, {n_bytes} bytes, "
                          f"but holds {size - f.tell()}")
     buf = bytearray(n_bytes)  # at most the file's size: checked above
-    if f.readinto(buf) != n_bytes or f.read(1):
+    view, at = memoryview(buf), 0
+    while at < n_bytes:  # in pieces: the zip reader's own readinto would copy the whole member
+        piece = f.read(min(_PIECE, n_bytes - at))
+        if not piece:
+            raise ValueError(f"member '{name}' is cut short")
+        view[at:at + len(piece)] = piece
+        at += len(piece)
+    if f.read(1):
         raise ValueError(f"member '{name}' is cut short")
     return np.frombuffer(buf, dtype).reshape(shape, order="F" if fortran else "C")
 
@@ -206,8 +248,12 @@ def _read_npy(f, size: int, name: str) -> np.ndarray:
 def _read_meta(path: Path, raw: np.ndarray) -> dict:
     """The metadata record, each field checked: a ValueError names the first bad one."""
     try:
-        meta = json.loads(str(raw[()]))
-    except (ValueError, TypeError, IndexError) as e:
+        text = str(raw[()])
+        meta = parse_json(text.encode("utf-8", "surrogatepass"), "it",
+                          max_bytes=2 * MAX_BYTES)  # a tokenizer.json, a vocabulary, settings
+    except ValueError as e:  # the bounded reader's one line: too large, too deep, not JSON
+        raise _bad(path, f"has unreadable metadata ({e}): {_AGAIN}") from None
+    except (TypeError, IndexError) as e:
         raise _bad(path, f"has unreadable metadata ({type(e).__name__}: {e}): {_AGAIN}") from e
     if not isinstance(meta, dict):
         raise _bad(path, f"has unreadable metadata (a {type(meta).__name__}, not a record): "
@@ -246,7 +292,10 @@ def _read_meta(path: Path, raw: np.ndarray) -> dict:
     if not isinstance(train, dict):
         raise _bad(path, f"has training settings 'train' that are a {type(train).__name__}, "
                          f"not a record: {_AGAIN}")
-    return {**meta, "config": stored, "train": dict(train)}
+    moments = meta.get("moments", True)
+    if not isinstance(moments, bool):
+        raise _bad(path, f"has moments = {moments!r}, not true or false: the file is damaged")
+    return {**meta, "config": stored, "train": dict(train), "moments": moments}
 
 
 def _check_bpe(path: Path, spec: object, vocab: str, stored: Config) -> None:
@@ -263,11 +312,13 @@ def _check_bpe(path: Path, spec: object, vocab: str, stored: Config) -> None:
                          f"{stored.vocab_size}: the file is damaged")
 
 
-def _check_arrays(path: Path, arrays: dict[str, np.ndarray], shapes: dict[str, tuple]) -> None:
-    """Exactly the arrays of `shapes` in every group, with those shapes, one float dtype, and
-    finite parameters."""
-    expected = {f"{g}/{k}" for g in GROUPS for k in shapes}
-    missing, extra = sorted(expected - set(arrays)), sorted(set(arrays) - expected)
+def _check_arrays(path: Path, arrays: dict[str, np.ndarray], names: list[str],
+                  shapes: dict[str, tuple], held: tuple[str, ...]) -> None:
+    """The file holds exactly the arrays of `shapes` in each group it `held`; those read have
+    those shapes, one float dtype, and finite parameters."""
+    expected = {f"{g}/{k}" for g in held for k in shapes}
+    names = set(names) - {"meta"}
+    missing, extra = sorted(expected - names), sorted(names - expected)
     if missing:
         raise _bad(path, f"lacks arrays {missing[:4]} for its config: the file is damaged or "
                          "from another version")
@@ -275,8 +326,8 @@ def _check_arrays(path: Path, arrays: dict[str, np.ndarray], shapes: dict[str, t
         raise _bad(path, f"has unexpected arrays {extra[:4]} for its config: the file is "
                          "damaged or from another version")
     dtype = arrays["params/wte"].dtype
-    for key, a, shape in ((f"{g}/{k}", arrays[f"{g}/{k}"], shape) for g in GROUPS
-                          for k, shape in shapes.items()):
+    for key, a, shape in ((f"{g}/{k}", arrays[f"{g}/{k}"], shape) for g in held
+                          for k, shape in shapes.items() if f"{g}/{k}" in arrays):
         if a.shape != shape:
             raise _bad(path, f"has '{key}' of shape {a.shape}, but its config implies {shape}: "
                              "the file is damaged")
@@ -288,12 +339,13 @@ def _check_arrays(path: Path, arrays: dict[str, np.ndarray], shapes: dict[str, t
         raise _bad(path, f"has non-finite parameters {bad[:4]}: use an earlier checkpoint")
 
 
-def _check_sums(path: Path, arrays: dict[str, np.ndarray], sums: object) -> None:
-    """Every array matches the checksum its metadata records (a file older than the checksums
-    records none, and is read as before)."""
+def _check_sums(path: Path, arrays: dict[str, np.ndarray], names: list[str],
+                sums: object) -> None:
+    """Every array read matches the checksum its metadata records (a file older than the
+    checksums records none, and is read as before)."""
     if sums is None:
         return
-    if not isinstance(sums, dict) or set(sums) != set(arrays):
+    if not isinstance(sums, dict) or set(sums) != set(names) - {"meta"}:
         raise _bad(path, f"has damaged checksums in its metadata: {_INTACT}")
     bad = sorted(k for k, a in arrays.items() if sums[k] != checksum(a))
     if bad:

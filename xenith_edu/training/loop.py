@@ -23,7 +23,7 @@ from .data import get_batch, load_text, prepare_data
 from .finetune import check_init, init_state, load_init, run_config
 from .optim import lr_at, zeros_like_params
 from .processes import batch_shards
-from .rundir import FolderLock, remove_stale_temps
+from .rundir import locked
 from .runlog import (
     RunLog,
     check_resume,
@@ -95,8 +95,10 @@ def data_and_model(tc: TrainConfig, ckpt: Checkpoint | None, resume: str | Path 
 def initial_state(tc: TrainConfig, cfg: Config, ckpt: Checkpoint | None
                   ) -> tuple[Params, Params, Params, int, np.random.Generator]:
     """params, AdamW moments m and v, the start step, and the generator of the batches."""
-    if ckpt is not None:
-        return ckpt.params, ckpt.m, ckpt.v, ckpt.step, ckpt.rng()
+    if ckpt is not None:  # a file of weights alone (from-hf) starts its moments at zero
+        m = ckpt.m if ckpt.m is not None else zeros_like_params(ckpt.params)
+        v = ckpt.v if ckpt.v is not None else zeros_like_params(ckpt.params)
+        return ckpt.params, m, v, ckpt.step, ckpt.rng()
     params = init_params(cfg, tc.seed, np.float32)
     rng = np.random.default_rng(tc.seed + 1)  # training batches: a stream apart from init
     return params, zeros_like_params(params), zeros_like_params(params), 0, rng
@@ -142,16 +144,10 @@ def train(
     t_start = time.perf_counter()
     if not isinstance(tc, TrainConfig):  # config and run directory
         raise TypeError(f"tc must be a TrainConfig, got {type(tc).__name__}")
-    write = ranks is None or ranks.is_root  # rank 0 alone writes, and holds the folder's lock
-    lock = FolderLock(Path(out_dir)) if write else None
-    if lock is not None:
-        lock.acquire()  # a second trainer on this folder stops here
-    try:
+    if ranks is not None and not ranks.is_root:  # rank 0 alone writes, and holds the lock
         return _train(tc, out_dir, resume, overwrite, init, progress, verbose, ranks, t_start)
-    finally:
-        if lock is not None:
-            remove_stale_temps(Path(out_dir))  # however the run ended, before the folder is free
-            lock.release()
+    with locked(Path(out_dir)):  # a second writer stops here; temporary names swept both ends
+        return _train(tc, out_dir, resume, overwrite, init, progress, verbose, ranks, t_start)
 
 
 def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, overwrite: bool,
@@ -163,8 +159,6 @@ def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, over
     if ranks is not None:
         ranks.ready(tc)  # every rank has passed the checks above
     write = ranks is None or ranks.is_root
-    if write:
-        remove_stale_temps(out_dir)  # what a killed run left behind
     params, m, v, start, rng = (init_state(base, tc) if base is not None
                                 else initial_state(tc, cfg, ckpt))  # params, optimizer, batches
     windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)

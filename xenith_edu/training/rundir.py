@@ -1,5 +1,7 @@
-"""The run folder's guards: a lock that one trainer holds while it writes the folder, and the
-removal of the temporary files that a killed run left behind.
+"""The rules of every folder a command writes (`train`, `from-hf`, `to-hf`), in one place: the
+lock that one writer holds, the overwrite rule, the temporary names and their sweep, the
+replacement of a whole folder (built beside it, then swapped in), and the one line of a write
+that failed.
 
 The lock is the system's lock on the file `.lock` in the folder (flock on POSIX, LockFileEx on
 Windows, through the `filelock` package): the kernel releases it when its process ends, however
@@ -10,20 +12,50 @@ this host that is no longer running is taken over.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import re
+import secrets
+import shutil
 import socket
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from ..tools.util import interrupts_held, one_line
 
 with warnings.catch_warnings():  # where flock is missing, filelock warns; FolderLock copes
     warnings.simplefilter("ignore")
     from filelock import lock_descriptor
 
 LOCK = ".lock"  # in the run folder, while a trainer writes it
-# the temporary files of the atomic writer (tools.util.atomic_write): ".<name>.<random>.tmp"
-TEMP_PATTERNS = (".ckpt.npz.*.tmp", ".log.jsonl.*.tmp", ".loss.png.*.tmp")
+CHECKPOINT = "ckpt.npz"  # a run folder's checkpoint: its presence makes the folder a run
+# Every temporary name a command makes: the atomic writer's files (tools.util.atomic_write) and
+# the folders built beside the one they replace, ".<name>.<12 hex digits>.tmp" both
+TEMP = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{12}\.tmp$")
+# and, whatever their middle, those of the run's own files (older versions named them so)
+RUN_TEMP = re.compile(r"^\.(?P<name>ckpt\.npz|log\.jsonl|loss\.png)\.[^/]+\.tmp$")
+
+
+def check_run_dir(out_dir: str | Path, resume: str | Path | None, overwrite: bool) -> Path:
+    """The run directory `out_dir`, after the overwrite policy: never replace a run by accident.
+
+    A directory that already holds a checkpoint is only written into when resuming that very
+    run, or with `overwrite`. Raises ValueError saying which option to use.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"out_dir '{out_dir}' is a file: pass a directory for the run")
+    ckpt_path = out_dir / CHECKPOINT
+    same_run = resume is not None and Path(resume).resolve() in (ckpt_path.resolve(),
+                                                                 out_dir.resolve())
+    if ckpt_path.exists() and not overwrite and not same_run:
+        raise ValueError(f"out_dir '{out_dir}' already holds a run ({CHECKPOINT}): resume it "
+                         "(--resume), choose another directory (--out), or replace it "
+                         "(--overwrite)")
+    return out_dir
 
 
 class FolderLock:
@@ -130,17 +162,102 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def remove_stale_temps(out_dir: Path) -> list[Path]:
-    """Remove the temporary files a killed run left in `out_dir` (call it holding the lock:
-    then no other trainer is writing them). Returns the files removed."""
-    removed = []
-    for pattern in TEMP_PATTERNS:
-        for p in sorted(out_dir.glob(pattern)):
-            try:
-                p.unlink()
-                removed.append(p)
-            except OSError:
-                pass
-    return removed
+    """Remove the temporary files and folders a killed command left in `out_dir` (call it
+    holding the lock: then no other writer is making them). Returns what was removed."""
+    return [p for p in _temps(out_dir, lambda name: True) if _remove_tree(p)]
 
 
-__all__ = ["LOCK", "FolderLock", "remove_stale_temps"]
+def remove_stale_builds(target: Path) -> list[Path]:
+    """Remove the folders a killed command built beside `target` to replace it (call it holding
+    `target`'s lock). Returns what was removed."""
+    return [p for p in _temps(target.parent, lambda name: name == target.name)
+            if _remove_tree(p)]
+
+
+def _temps(folder: Path, named: Callable[[str], bool]) -> list[Path]:
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []  # no folder, or not ours to read: nothing to sweep
+    return [p for p in entries
+            if (m := TEMP.match(p.name) or RUN_TEMP.match(p.name)) and named(m["name"])]
+
+
+def _remove_tree(path: Path) -> bool:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        return True
+    except OSError:
+        return False
+
+
+def temp_name(target: Path) -> Path:
+    """A fresh temporary name beside `target`, of the form the sweep removes."""
+    return target.parent / f".{target.name}.{secrets.token_hex(6)}.tmp"
+
+
+@contextmanager
+def locked(out_dir: Path) -> Iterator[FolderLock]:
+    """Hold `out_dir`'s lock (a second writer stops at once with one line), sweep what a killed
+    command left there, and, however the block ends, sweep again and release."""
+    lock = FolderLock(out_dir)
+    lock.acquire()
+    try:
+        remove_stale_temps(out_dir)
+        remove_stale_builds(out_dir)
+        yield lock
+    finally:
+        remove_stale_temps(out_dir)
+        lock.release()
+
+
+def cannot_write(folder: Path, e: OSError, kept: str) -> OSError:
+    """The one line of a write into `folder` that failed (a full disk, a read-only folder):
+    the folder, why, what is kept, what to do."""
+    why = e.strerror or one_line(e)
+    return OSError(f"cannot write into '{folder}' ({why}): {kept}; free some space (or make "
+                   "the folder writable) and run again")
+
+
+_RENAME_EXCHANGE = 2  # renameat2's flag: swap two names in one step
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap folders `a` and `b` atomically (Linux renameat2); False where it is not available."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError, TypeError):  # TypeError: Windows has no CDLL(None)
+        return False
+    at_cwd = -100  # AT_FDCWD: the paths are read as given
+    if renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False  # a file system or kernel without it: two renames instead
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def replace_folder(target: Path, build: Path) -> None:
+    """Put the folder `build` (made beside `target`, at `temp_name(target)`) in place of
+    `target`, in one step where the system can (else two renames, with the interrupts held
+    between them), then remove the old one. A kill in between leaves the old folder or the new
+    one at `target`, and a temporary name that the next command's sweep removes. (Without the
+    swap, a kill between the two renames leaves the old folder as `.<name>.<hex>.old`, which
+    no sweep removes: nothing is lost.)"""
+    with interrupts_held():
+        if target.exists() and _exchange(build, target):
+            old = build  # the old folder now has the temporary name
+        else:
+            old = temp_name(target).with_suffix(".old")
+            if target.exists():
+                os.rename(target, old)
+            os.rename(build, target)
+    _remove_tree(old)
+
+
+__all__ = ["CHECKPOINT", "LOCK", "TEMP", "FolderLock", "cannot_write", "check_run_dir", "locked",
+           "remove_stale_builds", "remove_stale_temps", "replace_folder", "temp_name"]

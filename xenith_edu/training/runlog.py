@@ -19,33 +19,16 @@ import numpy as np
 from tqdm import tqdm
 
 from ..model import Config
+from ..tools.boundedjson import parse_json
 from ..tools.util import atomic_write, atomic_write_text, interrupts_held, one_line
 from .checkpoint import Checkpoint, config_mismatch, load_checkpoint, save_checkpoint
 from .data import get_batch
+from .rundir import CHECKPOINT, check_run_dir
 
 # Shape legend: E evaluation windows, S positions (seq_len).
 
 EVAL_SEED = 0  # the validation windows depend on this alone, so any two runs compare
-CHECKPOINT, LOG, CURVE = "ckpt.npz", "log.jsonl", "loss.png"  # the files of a run directory
-
-
-def check_run_dir(out_dir: str | Path, resume: str | Path | None, overwrite: bool) -> Path:
-    """The run directory `out_dir`, after the overwrite policy: never replace a run by accident.
-
-    A directory that already holds a checkpoint is only written into when resuming that very
-    run, or with `overwrite`. Raises ValueError saying which option to use.
-    """
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"out_dir '{out_dir}' is a file: pass a directory for the run")
-    ckpt_path = out_dir / CHECKPOINT
-    same_run = resume is not None and Path(resume).resolve() in (ckpt_path.resolve(),
-                                                                 out_dir.resolve())
-    if ckpt_path.exists() and not overwrite and not same_run:
-        raise ValueError(f"out_dir '{out_dir}' already holds a run ({CHECKPOINT}): resume it "
-                         "(--resume), choose another directory (--out), or replace it "
-                         "(--overwrite)")
-    return out_dir
+LOG, CURVE = "log.jsonl", "loss.png"  # the files of a run directory, with CHECKPOINT
 
 
 def check_resume(ckpt: Checkpoint, resume: str | Path, cfg: Config, tc: Any) -> None:
@@ -85,6 +68,7 @@ def eval_windows(
 
 
 _NEEDS = {"train": "loss", "eval": "val_loss"}  # the figure each kind of record must carry
+MAX_LINE = 2**20  # bytes of one log line: a record is a few hundred
 
 
 def read_log(path: str | Path, damaged: list[str] | None = None) -> list[dict]:
@@ -111,12 +95,12 @@ def read_log(path: str | Path, damaged: list[str] | None = None) -> list[dict]:
 
 def _parse(raw: bytes) -> tuple[dict | None, str | None]:
     """A log line's record, or None and what is wrong with it."""
-    try:
-        record = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        return None, "not UTF-8"
-    except ValueError:  # JSONDecodeError, and numbers too long to convert
-        return None, "not JSON"
+    try:  # the bounded reader: a line too long or nested too deep is damage, never a crash
+        record = parse_json(raw, "it", max_bytes=MAX_LINE)
+    except ValueError as e:  # "it is not UTF-8 text", "it is not JSON (...)", "it nests ..."
+        why = str(e).removeprefix("it ")
+        return None, ("not UTF-8" if why.startswith("is not UTF-8") else "not JSON"
+                      if why.startswith("is not JSON") else why)
     if not isinstance(record, dict):
         return None, "not a JSON record"
     step, event = record.get("step"), record.get("event")

@@ -173,13 +173,16 @@ def params_from_hf(tensors: dict[str, np.ndarray], cfg: Config,
 
 def params_to_hf(params: dict[str, np.ndarray], cfg: Config) -> dict[str, np.ndarray]:
     """The checkpoint's tensors of our parameters: the inverse of `params_from_hf`."""
-    out = {}
-    for key, (ours, l) in hf_names(cfg).items():
-        w = params[ours] if l is None else params[ours][l]
-        if w.ndim == 2 and ours not in ("wte", "lm_head"):
-            w = w.T  # (in, out) -> (out, in)
-        if ours in ("wq", "wk"):
-            rows = pair_rows(cfg.n_head if ours == "wq" else cfg.n_kv_head, cfg.head_dim)
-            w = w[np.argsort(rows)]  # the inverse permutation: back to rotate-half pairs
-        out[key] = np.ascontiguousarray(w)
-    return out
+    return {key: tensor_to_hf(params, cfg, key) for key in hf_names(cfg)}
+
+
+def tensor_to_hf(params: dict[str, np.ndarray], cfg: Config, key: str) -> np.ndarray:
+    """The checkpoint's tensor `key` of our parameters, alone (a writer makes one at a time)."""
+    ours, l = hf_names(cfg)[key]
+    w = params[ours] if l is None else params[ours][l]
+    if w.ndim == 2 and ours not in ("wte", "lm_head"):
+        w = w.T  # (in, out) -> (out, in)
+    if ours in ("wq", "wk"):
+        rows = pair_rows(cfg.n_head if ours == "wq" else cfg.n_kv_head, cfg.head_dim)
+        w = w[np.argsort(rows)]  # the inverse permutation: back to rotate-half pairs
+    return np.ascontiguousarray(w)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 
+from ...tools.boundedjson import parse_json
 from ...tools.util import atomic_write
 
 # The format's dtypes as NumPy reads their bytes (little-endian). BF16 is read as its 16 bits.
@@ -20,7 +22,9 @@ DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8",
           "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
 WRITES = {np.dtype("<f8"): "F64", np.dtype("<f4"): "F32", np.dtype("<f2"): "F16",
           np.dtype("<i8"): "I64", np.dtype("<i4"): "I32"}
-MAX_HEADER = 100_000_000  # the format's own limit on the JSON header, in bytes
+# The JSON header's limit, in bytes: the format allows 100 MB, which Python's objects would make
+# gigabytes; a real model's header is under 1 MB (a tensor takes ~100 bytes of it)
+MAX_HEADER = 16 * 2**20
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -41,16 +45,19 @@ def read_header(path: str | Path) -> tuple[dict, int]:
         with open(path, "rb") as f:
             head = f.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else -1
-            if n < 0 or n > min(MAX_HEADER, size - 8):
+            if n < 0 or n > size - 8:
                 raise _bad(path, f"is truncated or not safetensors (header length "
                                  f"{n if n >= 0 else 'missing'}, file of {size} bytes)")
+            if n > MAX_HEADER:
+                raise _bad(path, f"has a header of {n:,} bytes, more than the {MAX_HEADER:,} "
+                                 "this reader accepts (real models have under 1 MB)")
             raw = f.read(n)
     except OSError as e:
         raise _bad(path, f"cannot be read ({e.strerror})") from e
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise _bad(path, f"has a header that is not JSON ({type(e).__name__})") from e
+        header = parse_json(raw, "its header", max_bytes=MAX_HEADER)  # depth capped: no recursion
+    except ValueError as e:
+        raise _bad(path, f"is damaged: {e}") from None
     if not isinstance(header, dict):
         raise _bad(path, "has a header that is not a JSON object")
     header.pop("__metadata__", None)
@@ -64,7 +71,7 @@ def _entry(path: Path, name: str, e: object) -> tuple[str, tuple[int, ...], int,
     if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
         raise _bad(path, f"has tensor '{name}' without exactly dtype, shape, data_offsets")
     dtype, shape, offsets = e["dtype"], e["shape"], e["data_offsets"]
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:  # a list or object is not hashable
         raise _bad(path, f"has tensor '{name}' of unknown dtype {dtype!r}")
 
     def ints(v: object, n: int | None) -> bool:
@@ -104,46 +111,71 @@ def read_safetensors(path: str | Path, names: set[str] | None = None) -> dict[st
     """
     path = Path(path)
     entries, start = read_header(path)
-    out = {}
     with open(path, "rb") as f:
-        for name, (dtype, shape, b, e) in entries.items():
-            if names is not None and name not in names:
-                continue
-            f.seek(start + b)
-            raw = f.read(e - b)
-            if len(raw) != e - b:
-                raise _bad(path, f"is truncated inside tensor '{name}'")
-            a = np.frombuffer(raw, dtype=DTYPES[dtype]).reshape(shape)
-            if dtype == "BF16":
-                a = bf16_to_f32(a)
-            elif dtype == "F16":
-                a = a.astype(np.float32)  # every float16 is a float32: exact
-            out[name] = a.astype(a.dtype.newbyteorder("="), copy=True)  # ours, writable
-    return out
+        return {name: read_tensor(f, path, name, entries[name], start) for name in entries
+                if names is None or name in names}
+
+
+def read_tensor(f, path: Path, name: str, entry: tuple, start: int) -> np.ndarray:
+    """One tensor of open file `f` (at `path`), from its checked header `entry` (dtype, shape,
+    begin, end) and the data's offset `start`: BF16 and F16 as float32, exactly."""
+    dtype, shape, b, e = entry
+    f.seek(start + b)
+    raw = f.read(e - b)
+    if len(raw) != e - b:
+        raise _bad(path, f"is truncated inside tensor '{name}'")
+    a = np.frombuffer(raw, dtype=DTYPES[dtype]).reshape(shape)
+    if dtype == "BF16":
+        a = bf16_to_f32(a)
+    elif dtype == "F16":
+        a = a.astype(np.float32)  # every float16 is a float32: exact
+    return a.astype(a.dtype.newbyteorder("="), copy=True)  # ours, writable
 
 
 def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray],
                       metadata: dict[str, str] | None = None) -> None:
     """Write `tensors` (float64, float32, float16, int64 or int32) atomically, in name order."""
+    layout = {name: (np.asarray(a).dtype, np.shape(a)) for name, a in tensors.items()}
+    write_tensors(path, layout, tensors.__getitem__, metadata)
+
+
+def write_tensors(path: str | Path, layout: dict[str, tuple[np.dtype, tuple[int, ...]]],
+                  tensor: Callable[[str], np.ndarray],
+                  metadata: dict[str, str] | None = None,
+                  progress: Callable[[str], None] | None = None) -> None:
+    """Write a safetensors file atomically, one tensor at a time: `layout` gives each name's
+    dtype and shape (the header is written first), `tensor(name)` makes that tensor when its
+    turn comes, so the peak memory is one tensor, not the file. `progress(name)` after each."""
     header: dict = {"__metadata__": dict(metadata)} if metadata else {}
-    arrays, at = [], 0
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
-        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
-        if a.dtype not in WRITES:
-            raise TypeError(f"tensors['{name}'] has dtype {a.dtype}, which this writer does "
+    at = 0
+    for name in sorted(layout):
+        dtype, shape = np.dtype(layout[name][0]).newbyteorder("<"), tuple(layout[name][1])
+        if dtype not in WRITES:
+            raise TypeError(f"tensors['{name}'] has dtype {dtype}, which this writer does "
                             f"not store; use one of {sorted(str(d) for d in WRITES)}")
-        header[name] = {"dtype": WRITES[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [at, at + a.nbytes]}
-        arrays.append(a)
-        at += a.nbytes
+        nbytes = math.prod(shape) * dtype.itemsize
+        header[name] = {"dtype": WRITES[dtype], "shape": list(shape),
+                        "data_offsets": [at, at + nbytes]}
+        at += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as the library writes it
 
     def write(f) -> None:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
-        for a in arrays:
-            f.write(a.tobytes())
+        for name in sorted(layout):
+            want = header[name]
+            a = np.ascontiguousarray(tensor(name), dtype=DTYPES[want["dtype"]])
+            if list(a.shape) != want["shape"]:
+                raise ValueError(f"tensor '{name}' has shape {a.shape}, the layout says "
+                                 f"{tuple(want['shape'])}")
+            f.write(a.reshape(-1).view(np.uint8).data)  # its bytes, not a copy
+            if progress is not None:
+                progress(name)
 
     atomic_write(path, write)
+
+
+def tensor_bytes(entries: Iterable[tuple[str, tuple[int, ...], int, int]]) -> int:
+    """The bytes of data that header entries (dtype, shape, begin, end) describe."""
+    return sum(e - b for _, _, b, e in entries)
