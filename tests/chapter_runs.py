@@ -121,22 +121,40 @@ class FullRun(NamedTuple):
 
 
 class _Nbval(NamedTuple):
-    """nbval running on copies of the full chapters, one folder each."""
+    """nbval running on copies of full chapters, one folder each."""
 
     proc: subprocess.Popen
     paths: dict[str, Path]  # slug -> its copy
     report: Path  # nbval's JUnit report
 
 
-def start_full_under_nbval(out: Path, site: Path) -> _Nbval:
-    """Start nbval on every full chapter: one pytest process, each chapter in a folder of its
-    own holding only its copy, which opens with the check that the package is the wheel's."""
+def _weight(nb: nbformat.NotebookNode) -> int:
+    """How long a chapter runs, roughly: its long runs are the cells tagged skip-grading."""
+    return 1 + 10 * sum(SKIP_TAG in c.metadata.get("tags", []) for c in nb.cells)
+
+
+def start_full_under_nbval(out: Path, site: Path, processes: int = 2) -> list[_Nbval]:
+    """Start nbval on every full chapter, each in a folder of its own holding only its copy,
+    which opens with the check that the package is the wheel's. The chapters are shared among
+    `processes` pytest processes, the long ones first, each to the least loaded."""
+    books = {c.slug: nbformat.read(str(ROOT / f"{c.notebook}.ipynb"), as_version=4)
+             for c in chapters.CHAPTERS}
+    groups: list[list[str]] = [[] for _ in range(processes)]
+    loads = [0] * processes
+    for slug in sorted(books, key=lambda s: -_weight(books[s])):
+        i = loads.index(min(loads))
+        groups[i].append(slug)
+        loads[i] += _weight(books[slug])
+    return [_start_nbval(out / f"group{i}", {s: books[s] for s in group}, site)
+            for i, group in enumerate(groups) if group]
+
+
+def _start_nbval(out: Path, books: dict[str, nbformat.NotebookNode], site: Path) -> _Nbval:
     paths = {}
-    for c in chapters.CHAPTERS:
-        nb = nbformat.read(str(ROOT / f"{c.notebook}.ipynb"), as_version=4)
-        paths[c.slug] = out / c.slug / f"{c.slug}.ipynb"
-        paths[c.slug].parent.mkdir(parents=True)
-        nbformat.write(with_package_check(nb, site), str(paths[c.slug]))
+    for slug, nb in books.items():
+        paths[slug] = out / slug / f"{slug}.ipynb"
+        paths[slug].parent.mkdir(parents=True)
+        nbformat.write(with_package_check(nb, site), str(paths[slug]))
     report = out / "nbval.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval",
            "--nbval-current-env", "--nbval-sanitize-with", str(ROOT / "notebooks/sanitize.cfg"),
@@ -147,8 +165,15 @@ def start_full_under_nbval(out: Path, site: Path) -> _Nbval:
     return _Nbval(proc, paths, report)
 
 
-def finish_full_under_nbval(run: _Nbval) -> dict[str, FullRun]:
-    """slug -> nbval's verdict on its full chapter, once nbval has ended."""
+def finish_full_under_nbval(runs: list[_Nbval]) -> dict[str, FullRun]:
+    """slug -> nbval's verdict on its full chapter, once every nbval has ended."""
+    verdicts = {}
+    for run in runs:
+        verdicts.update(_verdicts(run))
+    return verdicts
+
+
+def _verdicts(run: _Nbval) -> dict[str, FullRun]:
     run.proc.wait()
     said = (run.report.parent / "nbval.log").read_text(encoding="utf-8", errors="replace")
     failures: dict[str, list[str]] = {slug: [] for slug in run.paths}
@@ -169,7 +194,8 @@ def finish_full_under_nbval(run: _Nbval) -> dict[str, FullRun]:
 
 
 def run_all(out: Path) -> dict[str, dict]:
-    """The wheel, then nbval on the full chapters while the student versions run beside it."""
+    """The wheel, then nbval on the full chapters (two processes) while the student versions
+    run beside them."""
     site = build_wheel_site(out / "wheel")
     nbval = start_full_under_nbval(out / "full", site)
     try:

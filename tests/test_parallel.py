@@ -26,9 +26,9 @@ BIN = Path(sys.executable).parent
 MPIEXEC = str(BIN / "mpiexec") if (BIN / "mpiexec").exists() else shutil.which("mpiexec")
 WORKER = Path(__file__).parent / "mpi_worker.py"
 LIMIT = 300  # seconds for one mpiexec run: far more than it takes, far less than a hang
-RUN = ["--preset", "small", "--steps", "40", "--eval-every", "20", "--no-progress",
+RUN = ["--preset", "small", "--steps", "20", "--eval-every", "10", "--no-progress",
        "--sample-chars", "0"]
-TARGET = 2e-4  # max |validation-loss difference| after 40 steps (float32 rounding is ~1e-6)
+TARGET = 2e-4  # max |validation-loss difference| after 20 steps (float32 rounding is ~1e-6)
 
 
 MPICH_SHM = "/dev/shm/mpich_shm_*"  # MPICH's shared memory: a job whose ranks are killed
@@ -80,9 +80,9 @@ def evals(out):
 
 @pytest.fixture(scope="module")
 def one(tmp_path_factory):
-    """The single-process run of the small preset, 40 steps."""
+    """The single-process run of the small preset, 20 steps."""
     out = tmp_path_factory.mktemp("one") / "run"
-    train(replace(SMALL, steps=40, eval_every=20), out, progress=False, verbose=False)
+    train(replace(SMALL, steps=20, eval_every=10), out, progress=False, verbose=False)
     return out
 
 
@@ -133,11 +133,11 @@ def test_two_ranks_train_the_one_process_model(one, tmp_path):
     gap = np.abs(evals(tmp_path / "two") - evals(one)).max()
     assert gap <= TARGET, f"validation losses differ by {gap:.2e}"
     a, b = load_checkpoint(one), load_checkpoint(tmp_path / "two")
-    assert a.step == b.step == 40 and a.train == b.train and a.rng_state == b.rng_state
+    assert a.step == b.step == 20 and a.train == b.train and a.rng_state == b.rng_state
     for k in a.params:
         np.testing.assert_allclose(b.params[k], a.params[k], atol=1e-4)
     records = [x for x in read_log(tmp_path / "two" / "log.jsonl") if x["event"] == "train"]
-    assert [x["step"] for x in records] == list(range(40))
+    assert [x["step"] for x in records] == list(range(20))
     assert all(0 <= x["comm_ms"] <= x["ms"] for x in records)
 
 
@@ -155,15 +155,15 @@ def test_overlap_gives_the_blocking_results_bit_for_bit(tmp_path):
 
 def test_resume_with_another_number_of_processes(one, tmp_path):
     out = tmp_path / "run"
-    train(replace(SMALL, steps=20, eval_every=20), out, progress=False, verbose=False)
-    r = mpiexec(2, "--resume", out, "--steps", "40", "--no-progress", "--sample-chars", "0")
+    train(replace(SMALL, steps=10, eval_every=10), out, progress=False, verbose=False)
+    r = mpiexec(2, "--resume", out, "--steps", "20", "--no-progress", "--sample-chars", "0")
     assert r.returncode == 0, r.stderr
     gap = np.abs(evals(out) - evals(one)).max()
-    assert gap <= TARGET and load_checkpoint(out).step == 40
+    assert gap <= TARGET and load_checkpoint(out).step == 20
     # and back to one process
-    train(replace(SMALL, steps=50, eval_every=20), out, resume=out, progress=False,
+    train(replace(SMALL, steps=25, eval_every=10), out, resume=out, progress=False,
           verbose=False)
-    assert load_checkpoint(out).step == 50
+    assert load_checkpoint(out).step == 25
 
 
 def test_fine_tuning_under_mpi_is_the_one_process_fine_tuning(one, tmp_path):
