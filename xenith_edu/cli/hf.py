@@ -141,7 +141,8 @@ def cmd_from_hf(args: argparse.Namespace) -> int:
     # when the command runs: --help stays fast
     from ..training.rundir import CHECKPOINT, check_run_dir
 
-    out, done, told = Path(args.out), [], say("from-hf")
+    done: list[bool] = []  # one entry once the checkpoint is whole
+    out, told = Path(args.out), say("from-hf")
     if out.exists() and not out.is_dir():
         raise ValueError(f"out_dir '{out}' is a file: pass a directory for the run")
     had = (out / CHECKPOINT).exists()
@@ -188,7 +189,8 @@ def cmd_to_hf(args: argparse.Namespace) -> int:
     from ..training.checkpoint import load_checkpoint
     from ..training.rundir import LOCK, replace_folder, temp_name  # when the command runs
 
-    out, done = Path(args.out), []
+    done: list[bool] = []  # one entry once the folder is whole
+    out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"'{out}' is a file: pass a folder for the Hugging Face model")
     had = (out / "config.json").exists()
