@@ -54,22 +54,17 @@ def add_run_argument(p: argparse.ArgumentParser) -> None:
                    "weights, in float64, on a few random tokens, instead of a tiny random model")
 
 
-def fine_tune_config(args: argparse.Namespace, tc, out):
+def fine_tune_config(args: argparse.Namespace):
     """The TrainConfig and run folder of `train --init`: the model is the checkpoint's."""
-    from ..training.finetune import MODEL_FIELDS, adopt_model, load_init  # on use: --init
+    from ..training.finetune import MODEL_FIELDS, load_init  # on use: --init
 
     if args.resume is not None:
         raise settings.UsageError("--init starts a new run and --resume continues one: give "
                                   "only one")
     if args.out is None:
         raise settings.UsageError("--init needs --out: the folder of the new run")
-    given = sorted(set(settings.overrides(args)) & set(MODEL_FIELDS))
-    if given:
-        raise settings.UsageError(f"--init takes the model from the checkpoint: drop "
-                                  f"{', '.join('--' + g.replace('_', '-') for g in given)}")
     ckpt = load_init(args.init)
-    tc = adopt_model(tc, ckpt.config)
-    return tc, out
+    return settings.init_train_config(args, ckpt.config, MODEL_FIELDS), args.out
 
 
 def cmd_from_hf(args: argparse.Namespace) -> int:

@@ -247,9 +247,10 @@ def _train(args: argparse.Namespace) -> int:
     ranks = _ranks(args.overlap, args.mpi_timeout)
 
     def run():
-        tc, out = settings.train_config(args)
-        if args.init is not None:
-            tc, out = hf.fine_tune_config(args, tc, out)
+        if args.init is not None:  # the model is the checkpoint's, whatever the preset's
+            tc, out = hf.fine_tune_config(args)
+        else:
+            tc, out = settings.train_config(args)
         return train(tc, out, resume=args.resume, overwrite=args.overwrite,
                      progress=False if args.no_progress else None, ranks=ranks, init=args.init)
 

@@ -33,6 +33,9 @@ class Config:
     flash_block: int = 64  # positions per block of the flash attention
     pad_token_id: int | None = None  # a padding token: out of the loss, its row out of the
     # embedding's gradient, as transformers' padding_idx (see the chapter "A real LLaMA")
+    bos_token_id: int | None = None  # the tokenizer's begin and end tokens, which a converted
+    eos_token_id: int | tuple[int, ...] | None = None  # model keeps for to-hf (generation stops
+    # at an end token); several ends (Llama 3's) are a tuple
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_embd", "n_head", "n_layer", "ffn_hidden", "seq_len",
@@ -68,13 +71,21 @@ class Config:
             raise ValueError(f"Config.rope_theta must be positive, got {self.rope_theta}")
         if not self.norm_eps > 0:
             raise ValueError(f"Config.norm_eps must be positive, got {self.norm_eps}")
-        pad = self.pad_token_id
-        if pad is not None and (isinstance(pad, bool) or not isinstance(pad, (int, np.integer))
-                                or not 0 <= pad < self.vocab_size):
-            raise ValueError(f"Config.pad_token_id must be None or a token id in "
-                             f"[0, {self.vocab_size}), got {pad!r}")
+        if isinstance(self.eos_token_id, list):  # a config read back from JSON
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            self._check_token(name)
         if self.attention not in ("plain", "flash"):
             raise ValueError(f"Config.attention must be 'plain' or 'flash', got {self.attention!r}")
+
+    def _check_token(self, name: str) -> None:
+        value = getattr(self, name)
+        ids = value if isinstance(value, tuple) and name == "eos_token_id" and value else (value,)
+        for t in ids:
+            if value is not None and (isinstance(t, bool) or not isinstance(t, (int, np.integer))
+                                      or not 0 <= t < self.vocab_size):
+                raise ValueError(f"Config.{name} must be None or a token id in "
+                                 f"[0, {self.vocab_size}), got {value!r}")
 
     @property
     def head_dim(self) -> int:

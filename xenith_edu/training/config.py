@@ -42,7 +42,8 @@ MODEL_HELP = {
 }
 
 
-NOT_SETTINGS = ("vocab_size", "pad_token_id")  # the model's fields that no run setting sets
+# the model's fields that no run setting sets: the text's, and the tokenizer's special tokens
+NOT_SETTINGS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")
 
 
 def model_fields() -> list:

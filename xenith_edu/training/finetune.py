@@ -7,20 +7,21 @@ run takes from the checkpoint it starts from.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
 
 from ..model import Config
 from .checkpoint import Checkpoint, load_checkpoint
-from .config import TrainConfig
+from .config import NOT_SETTINGS, TrainConfig
 
-# The model settings a fine-tuning run takes from its checkpoint; the others (seq_len, the
-# attention kernel, recompute) are the run's own: a shorter context than the model's is fine.
-MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "ffn_hidden", "tie_embeddings", "rope_theta",
-                "norm_eps")
 RUN_OWN = ("seq_len", "attention", "flash_block")  # the model settings that stay the run's
+# The model settings a fine-tuning run takes from its checkpoint: every field of Config but the
+# run's own (seq_len, the attention kernel: a shorter context than the model's is fine) and
+# the text's and tokenizer's (which come with the checkpoint's tokenizer). Derived, so that a
+# field added to Config is the checkpoint's too: the architecture never comes from defaults.
+MODEL_FIELDS = tuple(f.name for f in fields(Config) if f.name not in (*RUN_OWN, *NOT_SETTINGS))
 
 
 def load_init(init: str | Path) -> Checkpoint:

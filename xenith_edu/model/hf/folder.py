@@ -15,6 +15,7 @@ import numpy as np
 from ...tools.util import atomic_write_text
 from ..config import Config
 from ..tokenizer import BPETokenizer
+from .extras import write_extras
 from .layout import config_from_hf, config_to_hf, params_from_hf, params_to_hf
 from .safetensors import read_safetensors, write_safetensors
 
@@ -97,7 +98,8 @@ def read_hf(folder: str | Path, dtype: type = np.float32) -> HFModel:
 def write_hf(folder: str | Path, params: dict[str, np.ndarray], cfg: Config,
              tokenizer: BPETokenizer | None = None) -> list[Path]:
     """Write a folder that transformers' `from_pretrained` loads with the same logits: the
-    config, the weights (float32, or float64 if the parameters are) and the tokenizer."""
+    config, the weights (float32, or float64 if the parameters are), the tokenizer, and the
+    generation and tokenizer settings (`extras`)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = [folder / WEIGHTS, folder / CONFIG]
@@ -108,4 +110,4 @@ def write_hf(folder: str | Path, params: dict[str, np.ndarray], cfg: Config,
     if tokenizer is not None:
         atomic_write_text(folder / TOKENIZER, tokenizer.spec)
         written.append(folder / TOKENIZER)
-    return written
+    return written + write_extras(folder, cfg, tokenizer)

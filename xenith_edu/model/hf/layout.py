@@ -54,6 +54,21 @@ def _rope_theta(hf: dict) -> float:
     return float(_number(hf, "rope_theta", float, 10000.0))
 
 
+TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")  # same names in both
+
+
+def _token_ids(hf: dict, key: str, vocab: int) -> int | tuple[int, ...] | None:
+    """A special token's id (eos: one id or several) if it names a row of the table, else None:
+    some files say -1 or null, and then the table has no such row."""
+    value = hf.get(key)
+    many = isinstance(value, list) and key == "eos_token_id"
+    ids = value if many else [value]
+    if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                          for t in ids):
+        return None
+    return tuple(ids) if many else value
+
+
 def config_from_hf(hf: object) -> Config:
     """The `Config` of a LLaMA config.json (already parsed); ValueError naming the field that
     the book's model cannot represent (RoPE scaling, biases, head_dim, activation, type)."""
@@ -76,14 +91,11 @@ def config_from_hf(hf: object) -> Config:
     tie = hf.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
         raise _refuse("tie_word_embeddings", tie, "expected true or false")
-    pad = hf.get("pad_token_id")
-    if pad is not None and not (isinstance(pad, int) and not isinstance(pad, bool)
-                                and 0 <= pad < sizes["vocab_size"]):
-        pad = None  # a pad id outside the table (some files say -1): the table has no pad row
+    tokens = {k: _token_ids(hf, k, sizes["vocab_size"]) for k in TOKEN_FIELDS}
     theta, eps = _rope_theta(hf), float(_number(hf, "rms_norm_eps", float, 1e-6))
     try:
         return Config(**sizes, n_kv_head=hkv, tie_embeddings=tie, rope_theta=theta,
-                      norm_eps=eps, pad_token_id=pad)
+                      norm_eps=eps, **tokens)
     except (TypeError, ValueError) as e:
         raise ValueError(f"config.json describes a model the book's cannot be: {e}") from None
 
@@ -95,8 +107,16 @@ def config_to_hf(cfg: Config) -> dict:
            "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.head_dim,
            "tie_word_embeddings": cfg.tie_embeddings, "rms_norm_eps": cfg.norm_eps,
            "rope_theta": cfg.rope_theta, "rope_scaling": None,
-           "pad_token_id": cfg.pad_token_id, "torch_dtype": "float32"}
+           "torch_dtype": "float32", **token_ids(cfg)}
     out.update({key: getattr(cfg, ours) for key, ours in INT_FIELDS.items()})
+    return out
+
+
+def token_ids(cfg: Config) -> dict[str, int | list[int] | None]:
+    """The special tokens' ids as config.json and generation_config.json write them."""
+    out = {k: getattr(cfg, k) for k in TOKEN_FIELDS}
+    if isinstance(out["eos_token_id"], tuple):
+        out["eos_token_id"] = list(out["eos_token_id"])
     return out
 
 

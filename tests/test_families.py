@@ -1,0 +1,160 @@
+"""The open model families end to end: each published config.json becomes a run, fine-tunes
+with the architecture of its checkpoint (never the defaults'), resumes exactly, and goes back
+to a folder that transformers loads with its special tokens, generation and tokenizer settings.
+
+Nothing is downloaded: each folder is its family's published config.json with fewer layers,
+random weights and a BPE tokenizer trained here (tests/families.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+from families import SMOLLM2_360M, SMOLLM_135M, TEXT, TODAY, bpe_json, tiny_folder  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from xenith_edu.cli import build_parser, main  # noqa: E402
+from xenith_edu.cli.settings import UsageError, init_train_config  # noqa: E402
+from xenith_edu.model import Config, forward  # noqa: E402
+from xenith_edu.model.hf import config_from_hf, config_to_hf  # noqa: E402
+from xenith_edu.training.checkpoint import load_checkpoint  # noqa: E402
+from xenith_edu.training.finetune import MODEL_FIELDS, RUN_OWN  # noqa: E402
+
+
+def run(argv, capsys):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@st.composite
+def models(draw) -> Config:
+    """Any model the book can be: grouped heads of any group, any widths and constants, and
+    special tokens anywhere in the table (the end one or several)."""
+    hkv = draw(st.integers(1, 4))
+    H = hkv * draw(st.integers(1, 4))
+    V = draw(st.integers(8, 64))
+    ids = st.none() | st.integers(0, V - 1)
+    eos = draw(ids | st.lists(st.integers(0, V - 1), min_size=1, max_size=3).map(tuple))
+    return Config(vocab_size=V, n_embd=H * 2 * draw(st.integers(1, 4)), n_head=H,
+                  n_kv_head=hkv, n_layer=draw(st.integers(1, 6)),
+                  ffn_hidden=draw(st.integers(1, 96)), seq_len=draw(st.integers(1, 4096)),
+                  tie_embeddings=draw(st.booleans()),
+                  rope_theta=draw(st.floats(1.0, 1e7)), norm_eps=draw(st.floats(1e-8, 1e-3)),
+                  pad_token_id=draw(ids), bos_token_id=draw(ids), eos_token_id=eos)
+
+
+def test_model_fields_are_every_field_but_the_runs_and_the_tokenizers():
+    """The class, not the case: a field added to Config is taken from the checkpoint."""
+    from dataclasses import fields
+
+    from xenith_edu.training.config import NOT_SETTINGS
+
+    assert set(MODEL_FIELDS) | set(RUN_OWN) | set(NOT_SETTINGS) == {f.name for f in fields(Config)}
+    assert {"n_kv_head", "n_head", "ffn_hidden"} <= set(MODEL_FIELDS)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=models(), preset=st.sampled_from(["book", "small"]), data=st.data())
+def test_init_takes_the_whole_architecture_from_the_checkpoint(model, preset, data):
+    """For any checkpoint model and preset, `train --init` runs the checkpoint's architecture;
+    an option repeating a field's value is accepted, one that differs is one line naming it."""
+    same = data.draw(st.lists(st.sampled_from(MODEL_FIELDS), unique=True, max_size=3))
+    argv = ["train", "--init", "ckpt", "--out", "ft", "--preset", preset, "--seq-len", "1"]
+    for name in same:
+        argv += ["--set", f"{name}={str(getattr(model, name)).lower()}"]
+    tc = init_train_config(build_parser().parse_args(argv), model, MODEL_FIELDS)
+    assert {k: getattr(tc.model, k) for k in MODEL_FIELDS} == \
+        {k: getattr(model, k) for k in MODEL_FIELDS}
+    name = data.draw(st.sampled_from([n for n in MODEL_FIELDS
+                                       if n != "tie_embeddings" and n not in same]))
+    other = getattr(model, name) * 2
+    args = build_parser().parse_args([*argv, "--set", f"{name}={other}"])
+    with pytest.raises(UsageError, match="--" + name.replace("_", "-")):
+        init_train_config(args, model, MODEL_FIELDS)
+
+
+@settings(max_examples=100, deadline=None)
+@given(model=models())
+def test_config_json_round_trip_is_the_identity(model):
+    """config_to_hf then config_from_hf gives the model back, special tokens included."""
+    hf = json.loads(json.dumps(config_to_hf(model)))
+    assert config_from_hf(hf) == replace(model, attention="plain", flash_block=64)
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return bpe_json()
+
+
+FINE_TUNE = ["--text", "{text}", "--eval-every", "1", "--eval-batches", "1", "--seq-len", "8",
+             "--batch-size", "2", "--decay-steps", "2", "--warmup-steps", "1", "--threads", "1",
+             "--no-progress", "--sample-chars", "0", "--lr", "3e-3"]
+
+
+@pytest.mark.parametrize("family", ["SmolLM-135M", "SmolLM2-360M"])
+def test_a_family_fine_tunes_with_its_own_heads_and_resumes_exactly(tmp_path, capsys, spec,
+                                                                    family):
+    published = {"SmolLM-135M": SMOLLM_135M, "SmolLM2-360M": SMOLLM2_360M}[family]
+    folder = tiny_folder(tmp_path / "hf", published, spec)
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    common = [a.format(text=text) for a in FINE_TUNE]
+    assert run(["from-hf", folder, "--out", tmp_path / "run"], capsys)[0] == 0
+    heads = str(published["num_key_value_heads"])
+    rc, _, err = run(["train", "--init", tmp_path / "run", "--out", tmp_path / "a", "--steps",
+                      "2", "--n-kv-head", heads, *common], capsys)  # the checkpoint's own value
+    assert rc == 0, err
+    rc, _, err = run(["train", "--init", tmp_path / "run", "--out", tmp_path / "b", "--steps",
+                      "1", *common], capsys)
+    assert rc == 0, err
+    rc, _, err = run(["train", "--resume", tmp_path / "b", "--steps", "2", "--no-progress",
+                      "--sample-chars", "0"], capsys)
+    assert rc == 0, err
+    a, b, start = (load_checkpoint(tmp_path / n) for n in ("a", "b", "run"))
+    assert a.config == b.config == replace(start.config, attention="plain")
+    assert (a.config.n_head, a.config.n_kv_head) == (published["num_attention_heads"],
+                                                      published["num_key_value_heads"])
+    for k in a.params:
+        np.testing.assert_array_equal(a.params[k], b.params[k])
+        np.testing.assert_array_equal(a.m[k], b.m[k])
+    rc, _, err = run(["train", "--init", tmp_path / "run", "--out", tmp_path / "c",
+                      "--n-kv-head", "1", *common], capsys)
+    assert rc == 2 and "--n-kv-head (1 asked, the checkpoint has" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("family", sorted(TODAY)[:3])
+def test_to_hf_writes_special_tokens_generation_and_tokenizer_settings(tmp_path, capsys, spec,
+                                                                       family):
+    published = TODAY[family]
+    folder = tiny_folder(tmp_path / "hf", published, spec)
+    assert run(["from-hf", folder, "--out", tmp_path / "run"], capsys)[0] == 0
+    assert run(["to-hf", tmp_path / "run", "--out", tmp_path / "back"], capsys)[0] == 0
+    back = tmp_path / "back"
+    hf = json.loads((back / "config.json").read_text())
+    for key in ("bos_token_id", "eos_token_id"):
+        assert hf[key] == published[key], key
+    gen = transformers.GenerationConfig.from_pretrained(back)
+    assert (gen.bos_token_id, gen.eos_token_id) == (published["bos_token_id"],
+                                                    published["eos_token_id"])
+    tok = transformers.AutoTokenizer.from_pretrained(back)
+    ckpt = load_checkpoint(tmp_path / "run")
+    ours = ckpt.tokenizer()
+    assert tok.eos_token_id == published["eos_token_id"]
+    words = TEXT[:200]
+    assert tok(words, add_special_tokens=False)["input_ids"] == ours.encode(words).tolist()
+    m = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32)
+    assert m.generation_config.eos_token_id == published["eos_token_id"]
+    x = ours.encode("First Citizen")[None, :]
+    with torch.no_grad():
+        theirs = m(torch.tensor(x)).logits.numpy()
+    assert np.abs(forward(ckpt.params, ckpt.config, x)[0] - theirs).max() < 1e-4
