@@ -42,6 +42,67 @@ TINYLLAMA = {
     "vocab_size": 32000,
 }
 
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256,
+}
+QWEN2_5_0_5B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+    "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+    "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.1", "use_cache": True, "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+QWEN3_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+MISTRAL_7B = {
+    "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0",
+    "use_cache": True, "vocab_size": 32000,
+}
+
+# The new families in the issue's order, and for the float64 tests each one narrowed: the same
+# file with widths, heads and (Mistral) window small, every relation between them kept (the
+# query heads per key/value head, Qwen3's head width of twice the model width over the heads,
+# a window shorter than the test's 12 tokens so that it is active). The vocabulary is cut to the
+# test's: the special ids of these files then lie outside it and read as none.
+NEW = {"Llama-3.2-1B": LLAMA_3_2_1B, "Qwen2.5-0.5B": QWEN2_5_0_5B, "Qwen3-0.6B": QWEN3_0_6B,
+       "Mistral-7B-v0.1": MISTRAL_7B}
+NARROW = {
+    "Llama-3.2-1B": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+                     "num_key_value_heads": 1, "head_dim": 8},  # its 4 frequencies at
+    # theta 500000 fall in all three of Llama 3's bands (kept, blended, divided)
+    "Qwen2.5-0.5B": {"hidden_size": 28, "intermediate_size": 48, "num_attention_heads": 7,
+                     "num_key_value_heads": 1},
+    "Qwen3-0.6B": {"hidden_size": 16, "intermediate_size": 48, "num_attention_heads": 2,
+                   "num_key_value_heads": 1, "head_dim": 16},
+    "Mistral-7B-v0.1": {"hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
+                        "num_key_value_heads": 1, "sliding_window": 4},
+}
+
 TODAY = {"SmolLM-135M": SMOLLM_135M, "SmolLM2-135M": SMOLLM2_135M,
          "SmolLM2-360M": SMOLLM2_360M, "TinyLlama-1.1B": TINYLLAMA}
 
@@ -87,12 +148,14 @@ def tiny_model(hf: dict, seed: int = 0, scale: float = 0.02, dtype=torch.float32
     return m.eval()
 
 
-def tiny_folder(folder: Path, published: dict, spec: str | None = None, **kw) -> Path:
-    """A Hugging Face folder of the family `published`: 2 layers, random weights, the vocabulary
-    of tokenizer `spec` (a few spare rows), its tokenizer.json."""
+def tiny_folder(folder: Path, published: dict, spec: str | None = None,
+                narrowed: dict | None = None, **kw) -> Path:
+    """A Hugging Face folder of the family `published` (with the `narrowed` fields, if given):
+    2 layers, random weights, the vocabulary of tokenizer `spec` (a few spare rows), its
+    tokenizer.json."""
     spec = spec or bpe_json()
     V = json.loads(spec)["model"]["vocab"].__len__() + 8
-    m = tiny_model(reduced(published, vocab=V), **kw)
+    m = tiny_model({**reduced(published, vocab=V), **(narrowed or {})}, **kw)
     m.save_pretrained(folder)
     (folder / "tokenizer.json").write_text(spec, encoding="utf-8")
     return folder
