@@ -84,13 +84,26 @@ MISTRAL_7B = {
     "use_cache": True, "vocab_size": 32000,
 }
 
+SMOLLM3_3B = {
+    "architectures": ["SmolLM3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": None, "eos_token_id": 128012, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 65536,
+    "max_window_layers": 28, "mlp_bias": False, "model_type": "smollm3",
+    "no_rope_layer_interval": 4, "no_rope_layers": [1, 1, 1, 0] * 9,
+    "num_attention_heads": 16, "num_hidden_layers": 36, "num_key_value_heads": 4,
+    "pad_token_id": 128004, "pretraining_tp": 2, "rms_norm_eps": 1e-06, "rope_scaling": None,
+    "rope_theta": 5000000.0, "sliding_window": None, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "transformers_version": "4.54.0.dev0", "use_cache": False,
+    "use_sliding_window": False, "vocab_size": 128256,
+}
+
 # The new families in the issue's order, and for the float64 tests each one narrowed: the same
 # file with widths, heads and (Mistral) window small, every relation between them kept (the
 # query heads per key/value head, Qwen3's head width of twice the model width over the heads,
 # a window shorter than the test's 12 tokens so that it is active). The vocabulary is cut to the
 # test's: the special ids of these files then lie outside it and read as none.
 NEW = {"Llama-3.2-1B": LLAMA_3_2_1B, "Qwen2.5-0.5B": QWEN2_5_0_5B, "Qwen3-0.6B": QWEN3_0_6B,
-       "Mistral-7B-v0.1": MISTRAL_7B}
+       "Mistral-7B-v0.1": MISTRAL_7B, "SmolLM3-3B": SMOLLM3_3B}
 NARROW = {
     "Llama-3.2-1B": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
                      "num_key_value_heads": 1, "head_dim": 8},  # its 4 frequencies at
@@ -99,6 +112,9 @@ NARROW = {
                      "num_key_value_heads": 1},
     "Qwen3-0.6B": {"hidden_size": 16, "intermediate_size": 48, "num_attention_heads": 2,
                    "num_key_value_heads": 1, "head_dim": 16},
+    "SmolLM3-3B": {"hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
+                   "num_key_value_heads": 1, "num_hidden_layers": 4,
+                   "no_rope_layers": [1, 1, 1, 0]},  # four layers: the fourth without RoPE
     "Mistral-7B-v0.1": {"hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
                         "num_key_value_heads": 1, "sliding_window": 4},
 }
@@ -130,6 +146,8 @@ def reduced(published: dict, layers: int = 2, vocab: int | None = None) -> dict:
     hf = {**published, "num_hidden_layers": layers}
     if vocab is not None:
         hf["vocab_size"] = vocab
+        if (hf.get("pad_token_id") or 0) >= vocab:  # transformers' embedding needs its pad row
+            hf["pad_token_id"] = None
     return hf
 
 

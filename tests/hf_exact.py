@@ -1,5 +1,5 @@
-"""transformers' LLaMA, Qwen2, Qwen3 and Mistral in float64 without their float32 casts, for the
-Hugging Face parity tests.
+"""transformers' LLaMA, Qwen2, Qwen3, Mistral and SmolLM3 in float64 without their float32
+casts, for the Hugging Face parity tests.
 
 In float64, transformers still rounds through float32 in RMSNorm, the RoPE tables and the eager
 softmax; these context managers compute those in the model's own dtype, so that the comparison
@@ -18,10 +18,11 @@ import transformers.models.llama.modeling_llama as llama
 import transformers.models.mistral.modeling_mistral as mistral
 import transformers.models.qwen2.modeling_qwen2 as qwen2
 import transformers.models.qwen3.modeling_qwen3 as qwen3
+import transformers.models.smollm3.modeling_smollm3 as smollm3
 
 # each family's module and the names of its RMSNorm and rotary embedding classes
 FAMILIES = {"llama": (llama, "Llama"), "qwen2": (qwen2, "Qwen2"), "qwen3": (qwen3, "Qwen3"),
-            "mistral": (mistral, "Mistral")}
+            "mistral": (mistral, "Mistral"), "smollm3": (smollm3, "SmolLM3")}
 
 
 def _rmsnorm(self, h):

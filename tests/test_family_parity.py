@@ -92,4 +92,5 @@ def test_config_json_reads_as_its_family(family):
     assert cfg.qk_norm == (hf["model_type"] == "qwen3")
     assert cfg.rope_scaling == ("llama3" if hf.get("rope_scaling") else "none")
     assert cfg.sliding_window == (hf["sliding_window"] if hf["model_type"] == "mistral" else None)
+    assert cfg.nope_layers == tuple(l for l, f in enumerate(hf.get("no_rope_layers", [])) if not f)
     assert config_from_hf(json.loads(json.dumps(config_to_hf(cfg)))) == cfg

@@ -1,8 +1,8 @@
 """The pieces the open models add, each a component with its backward derived: QK-norm, biases
 on q, k and v, Llama 3's RoPE frequency scaling, sliding-window causal attention, a head width
-of its own; and the whole model with any mix of them, against central finite differences in
-float64 on non-degenerate inputs. The cases are generated (hypothesis): shapes, windows, heads
-and every combination of the new Config fields.
+of its own, layers without RoPE; and the whole model with any mix of them, against central
+finite differences in float64 on non-degenerate inputs. The cases are generated (hypothesis):
+shapes, windows, heads and every combination of the new Config fields.
 """
 
 from __future__ import annotations
@@ -161,7 +161,8 @@ def open_configs(draw) -> xe.Config:
         # every score of a row alike, which softmax ignores, but for RoPE's turning it; with
         # theta 1e4 its gradient is near 0 (3e-6) and central differences' rounding shows
         **scaling,
-        sliding_window=draw(st.none() | st.integers(1, 7)))
+        sliding_window=draw(st.none() | st.integers(1, 7)),
+        nope_layers=draw(st.sampled_from([(), (1,), (0, 1)])))
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow],

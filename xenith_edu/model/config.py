@@ -15,7 +15,14 @@ def default_ffn_hidden(n_embd: int, multiple_of: int = 32) -> int:
     return multiple_of * math.ceil(8 * n_embd / 3 / multiple_of)
 
 
-@dataclass(frozen=True)
+# The fields the open models added, shown by repr only when they differ from their defaults:
+# the book's model prints as it always has.
+OPEN_FIELDS = ("head_width", "qkv_bias", "qk_norm", "rope_scaling", "rope_factor",
+               "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context",
+               "sliding_window", "nope_layers", "family", "bos_token_id", "eos_token_id")
+
+
+@dataclass(frozen=True, repr=False)
 class Config:
     """The model's sizes. See the book's page "The model at a glance"."""
 
@@ -46,6 +53,8 @@ class Config:
     rope_original_context: int = 8192  # between; the context the model was first trained at
     sliding_window: int | None = None  # each query sees only this many positions, itself
     # included (Mistral); None: every earlier position
+    nope_layers: tuple[int, ...] = ()  # the layers without RoPE (SmolLM3: every fourth): their
+    # q and k are not rotated, as if their tables were the angle 0
     family: str = "llama"  # the Hugging Face family it was read from and is written back as
     # (llama, qwen2, qwen3, mistral): the file's names, not the model's mathematics
     bos_token_id: int | None = None  # the tokenizer's begin and end tokens, which a converted
@@ -97,6 +106,14 @@ class Config:
             self._check_token(name)
         if self.attention not in ("plain", "flash"):
             raise ValueError(f"Config.attention must be 'plain' or 'flash', got {self.attention!r}")
+        if isinstance(self.nope_layers, list):  # a config read back from JSON
+            object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
+        nope = self.nope_layers
+        if not isinstance(nope, tuple) or any(
+                isinstance(l, bool) or not isinstance(l, (int, np.integer))
+                or not 0 <= l < self.n_layer for l in nope) or list(nope) != sorted(set(nope)):
+            raise ValueError(f"Config.nope_layers must be increasing layer indices in "
+                             f"[0, {self.n_layer}), got {nope!r}")
         if not isinstance(self.family, str) or not self.family:
             raise TypeError(f"Config.family must be a family's name, got {self.family!r}")
         if self.attention == "flash" and self.sliding_window is not None:
@@ -123,6 +140,11 @@ class Config:
         if not self.rope_low_freq_factor < self.rope_high_freq_factor:
             raise ValueError(f"Config.rope_low_freq_factor ({self.rope_low_freq_factor}) must be "
                              f"below Config.rope_high_freq_factor ({self.rope_high_freq_factor})")
+
+    def __repr__(self) -> str:
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                 if f.name not in OPEN_FIELDS or getattr(self, f.name) != f.default]
+        return f"Config({', '.join(shown)})"
 
     def _check_token(self, name: str) -> None:
         value = getattr(self, name)

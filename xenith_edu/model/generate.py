@@ -24,6 +24,7 @@ from .transformer import (
     head_forward,
     layer_forward,
     layer_params,
+    layer_tables,
     qk_rope_tables,
 )
 
@@ -95,7 +96,8 @@ def _feed(
     h, _ = embedding_forward(params["wte"], np.asarray(ids)[None, :])  # (1, T, d)
     h = h.reshape(T, cfg.n_embd)  # (T, d) the residual stream of the new positions
     for l, p in enumerate(w.layers):
-        h, _ = layer_forward(h, p, cfg, cos, sin, PastKV(kv.k[l], kv.v[l], pos))  # (T, d)
+        cl, sl = layer_tables(cfg, l, cos, sin)  # the angle 0 in a layer without RoPE
+        h, _ = layer_forward(h, p, cfg, cl, sl, PastKV(kv.k[l], kv.v[l], pos))  # (T, d)
     logits, _ = head_forward(h[-1:], params, cfg)  # (1, V) the last position only
     return logits[0]  # (V,)
 

@@ -46,7 +46,8 @@ __all__ = [
     "AttentionBlockCache", "HeadCache", "LayerCache", "ModelCache", "PastKV",
     "SwiGLUBlockCache", "attention_block_backward", "attention_block_forward", "backward",
     "forward", "head_backward", "head_forward", "layer_backward", "layer_forward",
-    "layer_params", "loss_and_grads", "merge_heads", "qk_rope_tables", "split_heads",
+    "layer_params", "layer_tables",
+    "loss_and_grads", "merge_heads", "qk_rope_tables", "split_heads",
     "swiglu_block_backward", "swiglu_block_forward",
 ]
 
@@ -90,6 +91,16 @@ def qk_rope_tables(cfg: Config, seq_len: int, dtype: type) -> tuple[np.ndarray, 
                            rope_scaling(cfg))  # (seq_len, hd/2) float64
     heads = cfg.n_head + cfg.n_kv_head
     return np.tile(cos.astype(dtype), heads), np.tile(sin.astype(dtype), heads)
+
+
+def layer_tables(cfg: Config, l: int, cos: np.ndarray, sin: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Layer l's RoPE tables: `cos`, `sin`, or for a layer without RoPE (Config.nope_layers) the
+    angle 0 (cos 1, sin 0): a rotation by 0 leaves q and k exactly as they are, and its
+    backward, the rotation back by 0, leaves dq and dk. Only the tables change."""
+    if l not in cfg.nope_layers:
+        return cos, sin
+    return np.ones_like(cos), np.zeros_like(sin)
 
 
 def layer_params(params: dict, l: int) -> dict[str, np.ndarray]:
@@ -384,11 +395,12 @@ def forward(
     h = h.reshape(B * S, cfg.n_embd)  # (N, d) the residual stream
     layers, layer_inputs = [], []
     for l in range(cfg.n_layer):
+        cl, sl = layer_tables(cfg, l, cos, sin)  # (S, (dq + dkv)/2) each
         if recompute:
             layer_inputs.append(h)
-            h, _ = layer_forward(h, layer_params(params, l), cfg, cos, sin)
+            h, _ = layer_forward(h, layer_params(params, l), cfg, cl, sl)
         else:
-            h, layer = layer_forward(h, layer_params(params, l), cfg, cos, sin)
+            h, layer = layer_forward(h, layer_params(params, l), cfg, cl, sl)
             layers.append(layer)
     logits, head = head_forward(h, params, cfg)  # (N, V)
     logits = logits.reshape(B, S, -1)  # (B, S, V)
@@ -427,7 +439,8 @@ def backward(
             layer = cache.layers[l]
         else:  # recompute: run layer l's forward again from its input
             p = layer_params(params, l)
-            _, layer = layer_forward(cache.layer_inputs[l], p, cfg, cache.cos, cache.sin)
+            cl, sl = layer_tables(cfg, l, cache.cos, cache.sin)
+            _, layer = layer_forward(cache.layer_inputs[l], p, cfg, cl, sl)
         dh, grads_l = layer_backward(dh, layer)
         del layer
         if release:  # nothing reads layer l's cache again

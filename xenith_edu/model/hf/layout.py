@@ -65,7 +65,8 @@ LLAMA3 = {"factor": ("rope_factor", float), "low_freq_factor": ("rope_low_freq_f
           "original_max_position_embeddings": ("rope_original_context", int)}
 # model_type -> the architecture transformers loads; each family's own fields in `_family`
 FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}
+            "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
+            "smollm3": "SmolLM3ForCausalLM"}
 
 
 def _flag(hf: dict, key: str, allowed: bool, why: str) -> None:
@@ -74,7 +75,20 @@ def _flag(hf: dict, key: str, allowed: bool, why: str) -> None:
         raise _refuse(key, value, why)
 
 
-def _family(hf: dict, kind: str) -> dict:
+def _nope_layers(hf: dict, n_layer: int) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE: no_rope_layers (1 = RoPE, 0 = none, one per layer), or
+    by default every no_rope_layer_interval-th layer, as transformers makes them."""
+    flags = hf.get("no_rope_layers")
+    if flags is None:
+        every = _number(hf, "no_rope_layer_interval", int, 4)
+        flags = [int((l + 1) % every != 0) for l in range(n_layer)]
+    if not isinstance(flags, list) or len(flags) != n_layer or any(
+            f not in (0, 1) or isinstance(f, bool) for f in flags):
+        raise _refuse("no_rope_layers", flags, f"expected {n_layer} flags, 1 (RoPE) or 0 (none)")
+    return tuple(l for l, f in enumerate(flags) if f == 0)
+
+
+def _family(hf: dict, kind: str, n_layer: int) -> dict:
     """What the family adds: Qwen2.5's q, k, v biases, Qwen3's QK-norm, Mistral's window; and
     the fields it would need that the book's model has not, refused by name."""
     _flag(hf, "mlp_bias", False, "the book's SwiGLU has no bias terms")
@@ -89,7 +103,9 @@ def _family(hf: dict, kind: str) -> dict:
     want = "sliding_attention" if window is not None else "full_attention"
     if layers is not None and (not isinstance(layers, list) or set(layers) - {want}):
         raise _refuse("layer_types", layers, f"every layer must be {want} here")
-    return {"qkv_bias": kind == "qwen2", "qk_norm": kind == "qwen3", "sliding_window": window}
+    nope = _nope_layers(hf, n_layer) if kind == "smollm3" else ()
+    return {"qkv_bias": kind == "qwen2", "qk_norm": kind == "qwen3", "sliding_window": window,
+            "nope_layers": nope}
 
 
 TOKEN_FIELDS =  ("pad_token_id", "bos_token_id", "eos_token_id")  # same names in both
@@ -128,7 +144,7 @@ def config_from_hf(hf: object) -> Config:
         raise _refuse("tie_word_embeddings", tie, "expected true or false")
     tokens = {k: _token_ids(hf, k, sizes["vocab_size"]) for k in TOKEN_FIELDS}
     eps = float(_number(hf, "rms_norm_eps", float, 1e-6))
-    rope, family = _rope(hf), _family(hf, kind)  # their errors name their fields
+    rope, family = _rope(hf), _family(hf, kind, sizes["n_layer"])  # their errors name their fields
     try:
         return Config(**sizes, n_kv_head=hkv, tie_embeddings=tie, norm_eps=eps, family=kind,
                       head_width=head_dim, **rope, **family, **tokens)
@@ -137,14 +153,15 @@ def config_from_hf(hf: object) -> Config:
 
 
 # what each family has that the others have not: a model with one of these is that family's
-FAMILY_OF = {"qkv_bias": "qwen2", "qk_norm": "qwen3", "sliding_window": "mistral"}
+FAMILY_OF = {"qkv_bias": "qwen2", "qk_norm": "qwen3", "sliding_window": "mistral",
+             "nope_layers": "smollm3"}
 
 
 def writing_family(cfg: Config) -> str:
     """The family a model is written as: its own, unless that cannot hold what the model has
     (biases, QK-norm, a window), then the one family that can; ValueError naming the fields if
     none can (a mix that no transformers family has)."""
-    has = [k for k in FAMILY_OF if getattr(cfg, k) not in (None, False)]
+    has = [k for k in FAMILY_OF if getattr(cfg, k)]
     needs = {FAMILY_OF[k] for k in has}
     if len(needs) > 1:
         raise ValueError(f"no Hugging Face family has all of {', '.join(has)}: this model "
@@ -168,6 +185,9 @@ def config_to_hf(cfg: Config) -> dict:
            "tie_word_embeddings": cfg.tie_embeddings, "rms_norm_eps": cfg.norm_eps,
            "rope_theta": cfg.rope_theta, "rope_scaling": scaling,
            "torch_dtype": "float32", **token_ids(cfg)}
+    if family == "smollm3":
+        out.update(use_sliding_window=False, sliding_window=None,
+                   no_rope_layers=[int(l not in cfg.nope_layers) for l in range(cfg.n_layer)])
     if family in ("qwen2", "qwen3"):
         out.update(use_sliding_window=False, sliding_window=None,
                    max_window_layers=cfg.n_layer)
