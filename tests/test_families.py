@@ -196,3 +196,36 @@ def test_to_hf_writes_special_tokens_generation_and_tokenizer_settings(tmp_path,
     with torch.no_grad():
         theirs = m(torch.tensor(x)).logits.numpy()
     assert np.abs(forward(ckpt.params, ckpt.config, x)[0] - theirs).max() < 1e-4
+
+
+JUNK = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=True)
+    | st.text(max_size=5),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(
+        ["rope_type", "factor", "low_freq_factor", "high_freq_factor",
+         "original_max_position_embeddings", "rope_theta", "type"]), c, max_size=5),
+    max_leaves=8)
+NEW_KEYS = ["model_type", "rope_scaling", "rope_parameters", "head_dim", "sliding_window",
+            "no_rope_layers", "no_rope_layer_interval", "use_sliding_window", "layer_types",
+            "eos_token_id", "bos_token_id", "pad_token_id", "attention_bias",
+            "num_key_value_heads", "rope_theta", "max_window_layers", "num_hidden_layers"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(family=st.sampled_from(sorted({**NEW, **TODAY})),
+       changes=st.dictionaries(st.sampled_from(NEW_KEYS), JUNK, min_size=1, max_size=3))
+def test_fuzzed_family_config_is_read_or_refused_in_one_line(family, changes):
+    """Any published file with any of its new fields replaced by any JSON value: a Config that
+    to-hf writes back as the same model, or one ValueError line, never another exception."""
+    hf = json.loads(json.dumps({**{**NEW, **TODAY}[family], **changes}))
+    try:
+        cfg = config_from_hf(hf)
+    except ValueError as e:
+        assert "\n" not in str(e)
+        return
+    try:
+        back = config_from_hf(json.loads(json.dumps(config_to_hf(cfg))))
+    except ValueError as e:  # a mix no family has: refused by name
+        assert "no Hugging Face family has" in str(e)
+        return
+    assert replace(back, family=cfg.family) == cfg

@@ -101,7 +101,7 @@ def _family(hf: dict, kind: str, n_layer: int) -> dict:
         window = _number(hf, "sliding_window", int)
     layers = hf.get("layer_types")
     want = "sliding_attention" if window is not None else "full_attention"
-    if layers is not None and (not isinstance(layers, list) or set(layers) - {want}):
+    if layers is not None and (not isinstance(layers, list) or any(t != want for t in layers)):
         raise _refuse("layer_types", layers, f"every layer must be {want} here")
     nope = _nope_layers(hf, n_layer) if kind == "smollm3" else ()
     return {"qkv_bias": kind == "qwen2", "qk_norm": kind == "qwen3", "sliding_window": window,
