@@ -291,10 +291,13 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
     ckpt = load_checkpoint(args.checkpoint)
     prompt = _default_prompt(ckpt.vocab) if args.prompt is None else args.prompt
-    text = sample_text(ckpt.params, ckpt.config, ckpt.tokenizer(), prompt,
-                       args.chars, temperature=args.temperature, top_k=args.top_k,
-                       seed=args.seed)
-    print(text)
+    def show(piece: str) -> None:  # each token as it comes
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    sample_text(ckpt.params, ckpt.config, ckpt.tokenizer(), prompt, args.chars,
+                temperature=args.temperature, top_k=args.top_k, seed=args.seed, on_text=show)
+    print()
     return 0
 
 
