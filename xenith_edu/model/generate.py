@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..embedding import embedding_forward
+from ..swiglu import stacked_gate_up
 from .checks import check_params, check_tokens
 from .config import Config
 from .tokenizer import CharTokenizer
@@ -74,12 +75,17 @@ class Prepared(NamedTuple):
 
     cos: np.ndarray  # (C, (d + dkv)/2) the RoPE tables of every position (`qk_rope_tables`)
     sin: np.ndarray  # (C, (d + dkv)/2)
-    layers: list[dict[str, np.ndarray]]  # each layer's parameters, `layer_params` views
+    layers: list[dict[str, np.ndarray]]  # each layer's parameters, `layer_params` views, and
+    # "wqkv" and "w13", its fused q, k, v and SwiGLU gate and up weights
 
 
 def _prepare(params: dict[str, np.ndarray], cfg: Config) -> Prepared:
     cos, sin = qk_rope_tables(cfg, cfg.seq_len, params["wte"].dtype)  # (C, (d + dkv)/2)
-    return Prepared(cos, sin, [layer_params(params, l) for l in range(cfg.n_layer)])
+    layers = [layer_params(params, l) for l in range(cfg.n_layer)]
+    for p in layers:  # the fused weights, once rather than at every token: q, k, v's
+        p["wqkv"] = np.concatenate((p["wq"], p["wk"], p["wv"]), axis=1)  # (d, dq + 2dkv)
+        p["w13"] = stacked_gate_up(p["w1"], p["w3"])  # (2, d, f) SwiGLU's [w1 / 2, w3]
+    return Prepared(cos, sin, layers)
 
 
 def _feed(

@@ -147,7 +147,9 @@ def _qkv(xb: np.ndarray, p: dict, cfg: Config) -> tuple[np.ndarray, LinearCache,
                                                          BiasCache | None]:
     """q, k, v side by side (N, dq + 2dkv): xb @ [wq | wk | wv], plus [bq | bk | bv] if any."""
     d, w = xb.shape[1], cfg.q_dim + 2 * cfg.kv_dim
-    wqkv = np.concatenate((p["wq"], p["wk"], p["wv"]), axis=1, out=empty((d, w), xb.dtype))
+    wqkv = p.get("wqkv")  # (d, dq + 2dkv) made once by a caller that runs the layer often
+    if wqkv is None:  # (decoding: `generate` fuses each layer's once, not at every token)
+        wqkv = np.concatenate((p["wq"], p["wk"], p["wv"]), axis=1, out=empty((d, w), xb.dtype))
     qkv, qkv_cache = linear_forward(xb, wqkv)  # (N, dq + 2dkv)
     if not cfg.qkv_bias:
         return qkv, qkv_cache, None
@@ -274,7 +276,8 @@ def swiglu_block_forward(
     h is the stream (N, d), p the layer's parameters. Returns `(out, cache)`, out (N, d).
     """
     x2b, norm = rmsnorm_forward(h, p["rms_ffn"], cfg.norm_eps)  # (N, d)
-    out, swiglu = swiglu_forward(x2b, p["w1"], p["w3"], p["w2"])  # (N, d)
+    out, swiglu = swiglu_forward(x2b, p["w1"], p["w3"], p["w2"], p.get("w13"))  # (N, d); w13:
+    # [w1 / 2, w3] when the caller stacked it once (decoding)
     return out, SwiGLUBlockCache(norm, swiglu)
 
 
