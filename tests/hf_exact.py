@@ -1,16 +1,28 @@
-"""transformers' LLaMA in float64 without its float32 casts, for the Hugging Face parity tests.
+"""transformers' LLaMA, Qwen2, Qwen3, Mistral and SmolLM3 in float64 without their float32
+casts, for the Hugging Face parity tests.
 
 In float64, transformers still rounds through float32 in RMSNorm, the RoPE tables and the eager
 softmax; these context managers compute those in the model's own dtype, so that the comparison
-with the book's model can be exact to rounding (1e-10 and below), not to float32 (1e-8).
+with the book's model can be exact to rounding (1e-10 and below), not to float32 (1e-8). The
+RoPE frequencies follow transformers' rules (the plain one and Llama 3's, whose lines below are
+transformers' own `_compute_llama3_parameters` without the cast to float32).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import transformers.models.llama.modeling_llama as llama
+import transformers.models.mistral.modeling_mistral as mistral
+import transformers.models.qwen2.modeling_qwen2 as qwen2
+import transformers.models.qwen3.modeling_qwen3 as qwen3
+import transformers.models.smollm3.modeling_smollm3 as smollm3
+
+# each family's module and the names of its RMSNorm and rotary embedding classes
+FAMILIES = {"llama": (llama, "Llama"), "qwen2": (qwen2, "Qwen2"), "qwen3": (qwen3, "Qwen3"),
+            "mistral": (mistral, "Mistral"), "smollm3": (smollm3, "SmolLM3")}
 
 
 def _rmsnorm(self, h):
@@ -18,35 +30,60 @@ def _rmsnorm(self, h):
     return self.weight * (h * torch.rsqrt(variance + self.variance_epsilon))
 
 
+def inv_freq(config, dtype) -> torch.Tensor:
+    """The RoPE frequencies of `config` in `dtype`: the plain rule, or Llama 3's."""
+    rope = config.rope_parameters
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    inv = rope["rope_theta"] ** (-torch.arange(0, head_dim, 2, dtype=dtype) / head_dim)
+    if rope.get("rope_type", "default") == "default":
+        return inv
+    assert rope["rope_type"] == "llama3", rope
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    wavelen = 2 * math.pi / inv
+    inv_llama = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_llama / factor + smooth * inv_llama
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, inv_llama)
+
+
 def _rope(self, x, position_ids):
-    theta = self.config.rope_parameters["rope_theta"]
-    dim = self.inv_freq.shape[0] * 2
-    inv = theta ** (-torch.arange(0, dim, 2, dtype=x.dtype) / dim)  # as the book's rope_tables
-    freqs = position_ids[..., None].to(x.dtype) * inv
+    freqs = position_ids[..., None].to(x.dtype) * inv_freq(self.config, x.dtype)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
 
 
-def _eager(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    key = llama.repeat_kv(key, module.num_key_value_groups)
-    value = llama.repeat_kv(value, module.num_key_value_groups)
-    w = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if attention_mask is not None:
-        w = w + attention_mask
-    w = torch.softmax(w, dim=-1)
-    return torch.matmul(w, value).transpose(1, 2).contiguous(), w
+def _eager_of(module):
+    def _eager(mod, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        key = module.repeat_kv(key, mod.num_key_value_groups)
+        value = module.repeat_kv(value, mod.num_key_value_groups)
+        w = torch.matmul(query, key.transpose(2, 3)) * scaling
+        if attention_mask is not None:
+            w = w + attention_mask
+        w = torch.softmax(w, dim=-1)
+        return torch.matmul(w, value).transpose(1, 2).contiguous(), w
+
+    return _eager
 
 
 @contextlib.contextmanager
-def exact_llama():
-    """Within the block, LlamaForCausalLM computes everything in its parameters' dtype."""
-    saved = (llama.LlamaRMSNorm.forward, llama.LlamaRotaryEmbedding.forward,
-             llama.eager_attention_forward)
-    llama.LlamaRMSNorm.forward = _rmsnorm
-    llama.LlamaRotaryEmbedding.forward = _rope
-    llama.eager_attention_forward = _eager
+def exact_models():
+    """Within the block, the four families compute everything in their parameters' dtype."""
+    saved = []
+    for module, prefix in FAMILIES.values():
+        norm = getattr(module, f"{prefix}RMSNorm")
+        rotary = getattr(module, f"{prefix}RotaryEmbedding")
+        saved.append((module, norm, rotary, norm.forward, rotary.forward,
+                      module.eager_attention_forward))
+        norm.forward, rotary.forward = _rmsnorm, _rope
+        module.eager_attention_forward = _eager_of(module)
     try:
         yield
     finally:
-        (llama.LlamaRMSNorm.forward, llama.LlamaRotaryEmbedding.forward,
-         llama.eager_attention_forward) = saved
+        for module, norm, rotary, norm_f, rotary_f, eager in saved:
+            norm.forward, rotary.forward, module.eager_attention_forward = norm_f, rotary_f, eager
+
+
+exact_llama = exact_models  # the name the LLaMA tests use

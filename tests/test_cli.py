@@ -306,7 +306,9 @@ OTHER = {"n_layer": 3, "n_head": 2, "n_embd": 48, "ffn_hidden": 96, "seq_len": 1
          "batch_size": 8, "lr": 2e-3, "min_lr": 1e-4, "beta1": 0.8, "beta2": 0.95, "eps": 1e-6,
          "weight_decay": 0.0, "warmup_steps": 5, "decay_steps": 50, "grad_clip": 0.5, "steps": 7,
          "eval_every": 3, "eval_batches": 2, "seed": 4, "attention": "flash", "flash_block": 16,
-         "recompute": True, "threads": 3, "n_kv_head": 2, "parallel": "threads"}
+         "recompute": True, "threads": 3, "n_kv_head": 2, "parallel": "threads",
+         "head_width": 8, "qkv_bias": True, "qk_norm": True, "rope_scaling": "llama3",
+         "sliding_window": 4}
 
 
 def _config(argv):

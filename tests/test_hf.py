@@ -243,11 +243,12 @@ BASE = {"model_type": "llama", "vocab_size": 40, "hidden_size": 24, "num_attenti
 
 
 @pytest.mark.parametrize("change, field", [
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 8.0}}, "rope_scaling"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling.low_freq_factor"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_parameters"),
     ({"attention_bias": True}, "attention_bias"),
     ({"mlp_bias": True}, "mlp_bias"),
-    ({"head_dim": 12}, "head_dim"),
+    ({"head_dim": 5}, "head_dim"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"hidden_size": "24"}, "hidden_size"),
     ({"model_type": "gpt2"}, "model_type"),
@@ -402,7 +403,7 @@ def damaged_copies(src: Path, root: Path) -> list[tuple[Path, str]]:
     out.append((d, "not JSON"))
     for key, value, word in (("rope_scaling", {"rope_type": "llama3"}, "rope_scaling"),
                              ("attention_bias", True, "attention_bias"),
-                             ("hidden_act", "relu", "hidden_act"), ("head_dim", 4, "head_dim")):
+                             ("hidden_act", "relu", "hidden_act"), ("head_dim", 5, "head_dim")):
         d = copy(key)
         (d / "config.json").write_text(json.dumps({**cfg, key: value}))
         out.append((d, word))

@@ -242,8 +242,9 @@ def test_recompute_gives_exactly_the_same_gradients(rng, kind):
 
 
 def _walk(obj, path="cache"):
-    """Every container and array inside a model cache, with its path."""
-    if isinstance(obj, (str, int)):
+    """Every container and array inside a model cache, with its path (a piece the Config does
+    not ask for, such as the biases' cache of the book's model, is None: not a container)."""
+    if obj is None or isinstance(obj, (str, int)):
         return
     yield path, obj
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):

@@ -55,6 +55,18 @@ def _square_mask(n: int, dtype: np.dtype) -> np.ndarray:
 
 
 @lru_cache(maxsize=64)
+def window_mask(Sq: int, Sk: int, window: int, dtype: np.dtype) -> np.ndarray:
+    """The sliding-window causal mask of Sq queries, the last of Sk positions: (Sq, Sk), 0 where
+    query position t = Sk - Sq + i sees key j, t - window < j <= t (itself and the window - 1
+    before it, as Mistral), -inf elsewhere. Kept, read-only."""
+    t = np.arange(Sk - Sq, Sk)[:, None]  # (Sq, 1) the queries' positions
+    j = np.arange(Sk)[None, :]  # (1, Sk)
+    mask = np.where((j <= t) & (j > t - window), 0.0, -np.inf).astype(dtype)  # (Sq, Sk)
+    mask.flags.writeable = False
+    return mask
+
+
+@lru_cache(maxsize=64)
 def _kept_mask(Sq: int, Sk: int, dtype: np.dtype) -> np.ndarray:
     """The causal mask of Sq queries, the last of Sk positions, as a read-only (Sq, Sk) view.
 
@@ -95,15 +107,17 @@ def _exp_bounds(dtype: np.dtype, Sk: int) -> tuple[float, float]:
 
 
 def causal_attention_forward(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None = None
 ) -> tuple[np.ndarray, AttentionCache]:
     """softmax(q k^T / sqrt(hd) + causal mask) @ v, q (B, H, Sq, hd), k and v (B, Hkv, Sk, hd).
 
     Grouped-query attention when Hkv < H (Hkv divides H): query head j reads key/value head
     j // (H // Hkv), as transformers' repeat_kv. The queries are the last Sq of the Sk
     positions (Sq = Sk in training; fewer when decoding with a KV cache): query i sees the keys
-    up to position Sk - Sq + i. Returns `(out, cache)`, out (B, H, Sq, hd). See the causal
-    attention chapter.
+    up to position Sk - Sq + i; with a sliding `window`, only the last `window` of them
+    (`window_mask`). Returns `(out, cache)`, out (B, H, Sq, hd). See the causal attention
+    chapter. The backward is the same with or without a window: a masked weight is exactly 0,
+    so no gradient reaches its score (the mask is a constant, as the causal one is).
     """
     B, H, Sq, hd = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -116,7 +130,9 @@ def causal_attention_forward(
     att = np.matmul(qs, np.swapaxes(k, -1, -2), out=empty((B, Hkv, qs.shape[2], Sk), q.dtype))
     # att (B, Hkv, G*Sq, Sk): query rows, key columns; per query head, a view (B, H, Sq, Sk)
     att4 = att.reshape(B, H, Sq, Sk)  # a view
-    att4 += _kept_mask(Sq, Sk, q.dtype)  # causal_mask: a key after the query gets -inf
+    # causal_mask: a key after the query (or, with a window, too far before it) gets -inf
+    att4 += _kept_mask(Sq, Sk, q.dtype) if window is None else window_mask(Sq, Sk, window,
+                                                                          q.dtype)
     if not _exp_is_safe(att4, Sq, Sk):  # softmax(s) = softmax(s - max s) for any row shift
         att -= att.max(axis=-1, keepdims=True)  # the diagonal is never masked: finite
     np.exp(att, out=att)  # masked scores become exactly 0

@@ -60,12 +60,24 @@ def silu_grad(z: np.ndarray) -> np.ndarray:
     return s * (1.0 + z * (1.0 - s))
 
 
+def stacked_gate_up(w1: np.ndarray, w3: np.ndarray, out: np.ndarray | None = None
+                    ) -> np.ndarray:
+    """[w1 / 2, w3] (2, d, f): the two weights of one stacked product (see `swiglu_forward`)."""
+    out = np.empty((2, *w1.shape), w1.dtype) if out is None else out
+    np.multiply(w1, 0.5, out=out[0])
+    out[1] = w3
+    return out
+
+
 def swiglu_forward(
-    x: np.ndarray, w1: np.ndarray, w3: np.ndarray, w2: np.ndarray
+    x: np.ndarray, w1: np.ndarray, w3: np.ndarray, w2: np.ndarray,
+    w13: np.ndarray | None = None,
 ) -> tuple[np.ndarray, SwiGLUCache]:
     """SwiGLU on `x` (..., d) with gate `w1` (d, f), up `w3` (d, f), down `w2` (f, d).
 
-    Returns `(out, cache)`, out shaped like x. See the SwiGLU chapter.
+    Returns `(out, cache)`, out shaped like x. See the SwiGLU chapter. `w13`, if given, is
+    `stacked_gate_up(w1, w3)` made once by a caller that runs the block often (decoding): the
+    same values, without stacking the two (d, f) weights again at every call.
     """
     (d, f), dtype = w1.shape, x.dtype
     x2 = x.reshape(-1, d)  # (N, d)
@@ -76,9 +88,8 @@ def swiglu_forward(
     # silu(h1) = h1 sigmoid(h1) = (h1 / 2) (1 + tanh(h1 / 2)): the product computes u = h1 / 2
     # directly, with w1 / 2 (halving is exact in floating point), and the gate takes three
     # passes over (N, f) where 1 / (1 + exp(-h1)) took four, then one more for h1 * sigmoid
-    w13 = empty((2, d, f), dtype)  # (2, d, f) [w1 / 2, w3]
-    np.multiply(w1, 0.5, out=w13[0])
-    w13[1] = w3
+    if w13 is None:
+        w13 = stacked_gate_up(w1, w3, empty((2, d, f), dtype))  # (2, d, f) [w1 / 2, w3]
     h13 = np.matmul(x2, w13, out=empty((2, N, f), dtype))  # (2, N, f)
     u, h3 = h13  # (N, f) half the gate pre-activation h1 / 2, (N, f) up projection
     sig2 = np.tanh(u, out=empty((N, f), dtype))  # (N, f)

@@ -62,26 +62,19 @@ def add_run_argument(p: argparse.ArgumentParser) -> None:
                    "weights, in float64, on a few random tokens, instead of a tiny random model")
 
 
-def fine_tune_config(args: argparse.Namespace, tc, out):
+def fine_tune_config(args: argparse.Namespace):
     """The TrainConfig and run folder of `train --init`: the model is the checkpoint's, read
     from its metadata alone (the trainer reads the weights, once)."""
     from ..training.checkpoint import read_meta  # on use: --init
-    from ..training.finetune import MODEL_FIELDS, adopt_model  # on use: --init
+    from ..training.finetune import MODEL_FIELDS  # on use: --init
 
     if args.resume is not None:
         raise settings.UsageError("--init starts a new run and --resume continues one: give "
                                   "only one")
     if args.out is None:
         raise settings.UsageError("--init needs --out: the folder of the new run")
-    given = sorted(set(settings.overrides(args)) & set(MODEL_FIELDS))
-    if given:
-        raise settings.UsageError(f"--init takes the model from the checkpoint: drop "
-                                  f"{', '.join('--' + g.replace('_', '-') for g in given)}")
     cfg = read_meta(args.init)["config"]
-    # with its key/value heads, in one step: the preset's (its n_head) need not divide the
-    # model's n_head, nor its n_head the model's width
-    model = {k: getattr(cfg, k) for k in (*MODEL_FIELDS, "n_kv_head")}
-    return adopt_model(replace(tc, model=replace(tc.model, **model)), cfg), out
+    return settings.init_train_config(args, cfg, MODEL_FIELDS), args.out
 
 
 def say(command: str) -> Callable[[str], None]:

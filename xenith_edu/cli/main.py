@@ -314,9 +314,10 @@ def _train(args: argparse.Namespace) -> int:
     ranks = _ranks(args.overlap, args.mpi_timeout)
 
     def run():
-        tc, out = settings.train_config(args)
-        if args.init is not None:
-            tc, out = hf.fine_tune_config(args, tc, out)
+        if args.init is not None:  # the model is the checkpoint's, whatever the preset's
+            tc, out = hf.fine_tune_config(args)
+        else:
+            tc, out = settings.train_config(args)
         return train(tc, out, resume=args.resume, overwrite=args.overwrite,
                      progress=False if args.no_progress else None, ranks=ranks, init=args.init)
 
@@ -359,10 +360,14 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     ckpt = load_checkpoint(args.checkpoint)
     prompt = _default_prompt(ckpt.vocab) if args.prompt is None else args.prompt
     cfg = hf.sample_config(ckpt.config, ckpt.tokenizer(), prompt, args.chars)  # context used
-    text = sample_text(ckpt.params, cfg, ckpt.tokenizer(), prompt,
-                       args.chars, temperature=args.temperature, top_k=args.top_k,
-                       seed=args.seed)
-    print(text)
+
+    def show(piece: str) -> None:  # each token as it comes
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    sample_text(ckpt.params, cfg, ckpt.tokenizer(), prompt, args.chars,
+                temperature=args.temperature, top_k=args.top_k, seed=args.seed, on_text=show)
+    print()
     return 0
 
 

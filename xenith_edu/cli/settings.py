@@ -11,7 +11,7 @@ import argparse
 import difflib
 import types
 import typing
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +155,21 @@ def train_config(args: argparse.Namespace) -> tuple[TrainConfig, str | Path]:
     return build(base, given), args.out or (resume if resume.is_dir() else resume.parent)
 
 
+def init_train_config(args: argparse.Namespace, model: Config,
+                      arch: tuple[str, ...]) -> TrainConfig:
+    """The settings of `train --init`: --preset's run settings on the checkpoint's `model`, whose
+    architecture (the fields `arch`) no option changes; an option that repeats the checkpoint's
+    value is accepted, one that differs is a UsageError naming it."""
+    given = overrides(args)
+    differ = [f"--{n.replace('_', '-')} ({given[n]} asked, the checkpoint has "
+              f"{getattr(model, n)})" for n in arch if n in given and given[n] != getattr(model, n)]
+    if differ:
+        raise UsageError(f"--init takes the model from the checkpoint: drop {', '.join(differ)}")
+    preset = PRESETS[args.preset or "book"]
+    base = replace(preset, model=replace(preset.model, **{n: getattr(model, n) for n in arch}))
+    return build(base, {k: v for k, v in given.items() if k not in arch})
+
+
 def _saved_settings(resume: str) -> TrainConfig:
     """The settings a checkpoint was trained with; ValueError naming the file if unreadable."""
     train = read_meta(resume)["train"]  # the metadata alone: the trainer reads the arrays once
@@ -165,4 +180,5 @@ def _saved_settings(resume: str) -> TrainConfig:
                          f"({e}): start a new run with --out") from None
 
 
-__all__ = ["UsageError", "add_arguments", "build", "convert", "overrides", "train_config"]
+__all__ = ["UsageError", "add_arguments", "build", "convert", "init_train_config", "overrides",
+           "train_config"]

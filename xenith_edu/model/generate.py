@@ -10,11 +10,13 @@ the cache holds the n_kv_head key/value heads only, smaller by the group factor.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 
 from ..embedding import embedding_forward
+from ..swiglu import stacked_gate_up
 from .checks import check_params, check_tokens
 from .config import Config
 from .tokenizer import CharTokenizer
@@ -24,6 +26,7 @@ from .transformer import (
     head_forward,
     layer_forward,
     layer_params,
+    layer_tables,
     qk_rope_tables,
 )
 
@@ -72,12 +75,17 @@ class Prepared(NamedTuple):
 
     cos: np.ndarray  # (C, (d + dkv)/2) the RoPE tables of every position (`qk_rope_tables`)
     sin: np.ndarray  # (C, (d + dkv)/2)
-    layers: list[dict[str, np.ndarray]]  # each layer's parameters, `layer_params` views
+    layers: list[dict[str, np.ndarray]]  # each layer's parameters, `layer_params` views, and
+    # "wqkv" and "w13", its fused q, k, v and SwiGLU gate and up weights
 
 
 def _prepare(params: dict[str, np.ndarray], cfg: Config) -> Prepared:
     cos, sin = qk_rope_tables(cfg, cfg.seq_len, params["wte"].dtype)  # (C, (d + dkv)/2)
-    return Prepared(cos, sin, [layer_params(params, l) for l in range(cfg.n_layer)])
+    layers = [layer_params(params, l) for l in range(cfg.n_layer)]
+    for p in layers:  # the fused weights, once rather than at every token: q, k, v's
+        p["wqkv"] = np.concatenate((p["wq"], p["wk"], p["wv"]), axis=1)  # (d, dq + 2dkv)
+        p["w13"] = stacked_gate_up(p["w1"], p["w3"])  # (2, d, f) SwiGLU's [w1 / 2, w3]
+    return Prepared(cos, sin, layers)
 
 
 def _feed(
@@ -95,7 +103,8 @@ def _feed(
     h, _ = embedding_forward(params["wte"], np.asarray(ids)[None, :])  # (1, T, d)
     h = h.reshape(T, cfg.n_embd)  # (T, d) the residual stream of the new positions
     for l, p in enumerate(w.layers):
-        h, _ = layer_forward(h, p, cfg, cos, sin, PastKV(kv.k[l], kv.v[l], pos))  # (T, d)
+        cl, sl = layer_tables(cfg, l, cos, sin)  # the angle 0 in a layer without RoPE
+        h, _ = layer_forward(h, p, cfg, cl, sl, PastKV(kv.k[l], kv.v[l], pos))  # (T, d)
     logits, _ = head_forward(h[-1:], params, cfg)  # (1, V) the last position only
     return logits[0]  # (V,)
 
@@ -125,8 +134,10 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     kv_cache: bool = True,
+    on_token: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """The prompt ids followed by `max_new_tokens` sampled ids, shape (len(prompt) + new,).
+    `on_token(id)`, if given, is called with each id as soon as it is drawn (streaming).
 
     The context is cropped to the last seq_len tokens. With `kv_cache` (the default) the prompt
     is fed once and then one token at a time; once the context is longer than seq_len, every
@@ -141,6 +152,8 @@ def generate(
             logits, _ = forward(params, cfg, context)  # (1, S, V)
             p = next_token_probs(logits[0, -1], temperature, top_k)  # (V,)
             ids.append(int(rng.choice(cfg.vocab_size, p=p)))
+            if on_token is not None:
+                on_token(ids[-1])
         return np.array(ids, dtype=np.int64)
     check_params(params, cfg)  # what forward checks, since the cached path does not call it
     check_tokens("prompt_ids", np.array(ids[-cfg.seq_len:], dtype=np.int64)[None, :], cfg)
@@ -152,6 +165,8 @@ def generate(
         pos += len(new)
         p = next_token_probs(logits, temperature, top_k)  # (V,)
         ids.append(int(rng.choice(cfg.vocab_size, p=p)))
+        if on_token is not None:
+            on_token(ids[-1])
         if pos < cfg.seq_len:
             new = np.array(ids[-1:], dtype=np.int64)  # (1,) only the token just drawn
         else:  # the window slides: every position moves, rebuild from the cropped context
@@ -169,8 +184,13 @@ def sample_text(
     top_k: int | None = None,
     seed: int = 0,
     kv_cache: bool = True,
+    on_text: Callable[[str], None] | None = None,
 ) -> str:
-    """The prompt and its continuation, as text. Characters outside the vocabulary raise."""
+    """The prompt and its continuation, as text. Characters outside the vocabulary raise.
+
+    `on_text(piece)`, if given, receives the text as it comes: the prompt, then each new
+    token's text once it decodes whole (a byte-level token may end in half a character, which
+    waits for the next); the pieces joined are the returned text."""
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
     if prompt == "":
@@ -180,5 +200,32 @@ def sample_text(
     except ValueError as e:
         raise ValueError(f"prompt: {e}") from e
     rng = np.random.default_rng(seed)
-    ids = generate(params, cfg, prompt_ids, max_new_tokens, rng, temperature, top_k, kv_cache)
-    return tokenizer.decode(ids)
+    stream = None if on_text is None else _Stream(tokenizer, list(prompt_ids), on_text)
+    ids = generate(params, cfg, prompt_ids, max_new_tokens, rng, temperature, top_k, kv_cache,
+                   None if stream is None else stream.add)
+    text = tokenizer.decode(ids)
+    if stream is not None:
+        stream.finish(text)
+    return text
+
+
+class _Stream:
+    """Sends the decoded text of the ids so far, piece by piece, never a half character."""
+
+    def __init__(self, tokenizer: CharTokenizer, ids: list[int],
+                 send: Callable[[str], None]) -> None:
+        self.tokenizer, self.ids, self.send = tokenizer, ids, send
+        self.sent = tokenizer.decode(ids)
+        send(self.sent)
+
+    def add(self, token: int) -> None:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.startswith(self.sent) and not text.endswith("\ufffd"):
+            self.send(text[len(self.sent):])
+            self.sent = text
+
+    def finish(self, text: str) -> None:
+        """The rest: a half character the last token left, shown as the decoder shows it."""
+        if text.startswith(self.sent) and len(text) > len(self.sent):
+            self.send(text[len(self.sent):])

@@ -1,8 +1,12 @@
 """The parameter table: each parameter's shape rule, its kind, and whether it gets weight decay.
 One source for every list of parameter names (model, optimizer, command line, tests, benchmarks).
 
-Shape legend: V vocab, d width, L layers, f SwiGLU hidden width, dkv = n_kv_head * head_dim
-the width of the keys and of the values (d without grouped-query attention).
+Shape legend: V vocab, d width, L layers, f SwiGLU hidden width, dq = n_head * head_dim the
+width of the queries (d unless head_dim is given), dkv = n_kv_head * head_dim the width of the
+keys and of the values (d without grouped-query attention), hd head width.
+
+`PARAMS` is the contract's table, the book's LLaMA; `OPEN_PARAMS` the parameters that the open
+models add (biases, QK-norm gains), each present when its Config field asks for it.
 """
 
 from __future__ import annotations
@@ -20,20 +24,23 @@ class Param(NamedTuple):
 
     name: str
     shape: Callable[[Config], tuple[int, ...]]  # the shape rule, from the config
-    kind: str  # "gain" (RMSNorm, starts at one), "matrix" (linear weight) or "embedding"
+    kind: str  # "gain" (RMSNorm, starts at one), "matrix" (linear weight), "embedding" or
+    # "bias" (starts at zero)
     decay: bool  # whether AdamW's decoupled weight decay applies
     per_layer: bool  # a stack of shape (L, ...), one slice per layer
     untied_only: bool = False  # present only when the embeddings are not tied
+    when: Callable[[Config], bool] | None = None  # present only when this holds (None: always)
+    after: str = ""  # in forward order, right after this parameter of the table
 
 
 # In forward order. The RMSNorm gains are the only parameters without weight decay.
 PARAMS: tuple[Param, ...] = (
     Param("wte", lambda c: (c.vocab_size, c.n_embd), "embedding", True, False),
     Param("rms_attn", lambda c: (c.n_layer, c.n_embd), "gain", False, True),
-    Param("wq", lambda c: (c.n_layer, c.n_embd, c.n_embd), "matrix", True, True),
+    Param("wq", lambda c: (c.n_layer, c.n_embd, c.q_dim), "matrix", True, True),
     Param("wk", lambda c: (c.n_layer, c.n_embd, c.kv_dim), "matrix", True, True),
     Param("wv", lambda c: (c.n_layer, c.n_embd, c.kv_dim), "matrix", True, True),
-    Param("wo", lambda c: (c.n_layer, c.n_embd, c.n_embd), "matrix", True, True),
+    Param("wo", lambda c: (c.n_layer, c.q_dim, c.n_embd), "matrix", True, True),
     Param("rms_ffn", lambda c: (c.n_layer, c.n_embd), "gain", False, True),
     Param("w1", lambda c: (c.n_layer, c.n_embd, c.ffn_hidden), "matrix", True, True),
     Param("w3", lambda c: (c.n_layer, c.n_embd, c.ffn_hidden), "matrix", True, True),
@@ -41,13 +48,50 @@ PARAMS: tuple[Param, ...] = (
     Param("rms_final", lambda c: (c.n_embd,), "gain", False, False),
     Param("lm_head", lambda c: (c.vocab_size, c.n_embd), "matrix", True, False, untied_only=True),
 )
-PARAM = {p.name: p for p in PARAMS}
-LAYER_PARAMS = tuple(p.name for p in PARAMS if p.per_layer)  # the (L, ...) stacks
+# What the open models add, none of it in the book's LLaMA: biases and gains, no weight decay.
+OPEN_PARAMS: tuple[Param, ...] = (
+    Param("bq", lambda c: (c.n_layer, c.q_dim), "bias", False, True,
+          when=lambda c: c.qkv_bias, after="wv"),
+    Param("bk", lambda c: (c.n_layer, c.kv_dim), "bias", False, True,
+          when=lambda c: c.qkv_bias, after="bq"),
+    Param("bv", lambda c: (c.n_layer, c.kv_dim), "bias", False, True,
+          when=lambda c: c.qkv_bias, after="bk"),
+    Param("q_norm", lambda c: (c.n_layer, c.head_dim), "gain", False, True,
+          when=lambda c: c.qk_norm, after="wv"),
+    Param("k_norm", lambda c: (c.n_layer, c.head_dim), "gain", False, True,
+          when=lambda c: c.qk_norm, after="q_norm"),
+)
+
+
+def _in_forward_order() -> tuple[Param, ...]:
+    order = list(PARAMS)
+    for p in OPEN_PARAMS:  # each right after its `after`, behind what is already there
+        at = order.index(next(q for q in order if q.name == p.after)) + 1
+        while at < len(order) and order[at].after and order[at].name != p.after:
+            at += 1
+        order.insert(at, p)
+    return tuple(order)
+
+
+ALL_PARAMS = _in_forward_order()
+PARAM = {p.name: p for p in ALL_PARAMS}
+LAYER_PARAMS = tuple(p.name for p in PARAMS if p.per_layer)  # the contract's (L, ...) stacks
+
+
+def present(p: Param, cfg: Config) -> bool:
+    """Whether the model `cfg` has parameter `p`."""
+    return not (p.untied_only and cfg.tie_embeddings) and (p.when is None or p.when(cfg))
+
+
+def layer_names(cfg: Config) -> tuple[str, ...]:
+    """The (L, ...) stacks of `cfg`, in forward order: the contract's and the open models'."""
+    return tuple(p.name for p in ALL_PARAMS if p.per_layer and present(p, cfg))
 
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """The parameter keys and shapes of the contract's table for `cfg`, in forward order."""
-    return {p.name: p.shape(cfg) for p in PARAMS if not (p.untied_only and cfg.tie_embeddings)}
+    """The parameter keys and shapes of `cfg`, in forward order: the contract's table, and the
+    open models' parameters that `cfg` asks for."""
+    return {p.name: p.shape(cfg) for p in ALL_PARAMS if present(p, cfg)}
 
 
 def decays(name: str) -> bool:
@@ -56,12 +100,14 @@ def decays(name: str) -> bool:
 
 
 def init_params(cfg: Config, seed: int = 0, dtype: type = np.float32) -> dict[str, np.ndarray]:
-    """Weights drawn from N(0, 0.02**2), RMSNorm gains set to one."""
+    """Weights drawn from N(0, 0.02**2), RMSNorm gains set to one, biases to zero."""
     rng = np.random.default_rng(seed)
     params = {}
     for name, shape in param_shapes(cfg).items():
         if PARAM[name].kind == "gain":
             params[name] = np.ones(shape, dtype=dtype)
+        elif PARAM[name].kind == "bias":
+            params[name] = np.zeros(shape, dtype=dtype)
         else:
             params[name] = (0.02 * rng.standard_normal(shape)).astype(dtype)
     return params

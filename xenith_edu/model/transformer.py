@@ -27,29 +27,34 @@ from typing import NamedTuple
 import numpy as np
 
 from ..attention import AttentionCache, causal_attention_backward, causal_attention_forward
+from ..bias import BiasCache, bias_backward, bias_forward
 from ..embedding import EmbeddingCache, embedding_backward, embedding_forward
 from ..flash_attention import FlashCache, flash_attention_backward, flash_attention_forward
 from ..linear import LinearCache, linear_backward, linear_forward
+from ..qk_norm import QKNormCache, qk_norm_backward, qk_norm_forward
 from ..rmsnorm import RMSNormCache, rmsnorm_backward, rmsnorm_forward
 from ..rope import RopeCache, rope_backward, rope_forward, rope_tables
+from ..rope_scaling import Llama3Scaling
 from ..softmax_ce import softmax_cross_entropy
 from ..swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
 from ..tools.workspace import empty, empty_like
 from .checks import check_params, check_targets, check_tokens
 from .config import Config
-from .params import LAYER_PARAMS, param_shapes
+from .params import PARAM, layer_names, param_shapes
 
 __all__ = [
     "AttentionBlockCache", "HeadCache", "LayerCache", "ModelCache", "PastKV",
     "SwiGLUBlockCache", "attention_block_backward", "attention_block_forward", "backward",
     "forward", "head_backward", "head_forward", "layer_backward", "layer_forward",
-    "layer_params", "loss_and_grads", "merge_heads", "qk_rope_tables", "split_heads",
+    "layer_params", "layer_tables",
+    "loss_and_grads", "merge_heads", "qk_rope_tables", "split_heads",
     "swiglu_block_backward", "swiglu_block_forward",
 ]
 
-# Shape legend: B batch, S positions, N = B*S, d width, H heads, hd = d // H head width,
-# Hkv key/value heads (grouped-query attention; Hkv = H without it), dkv = Hkv * hd,
-# f SwiGLU hidden, V vocab, L layers. The residual stream h is kept flat as (N, d).
+# Shape legend: B batch, S positions, N = B*S, d width, H heads, hd head width (d // H unless
+# Config.head_dim is given), dq = H * hd (d unless head_dim is given), Hkv key/value heads
+# (grouped-query attention; Hkv = H without it), dkv = Hkv * hd, f SwiGLU hidden, V vocab,
+# L layers. The residual stream h is kept flat as (N, d).
 
 
 def split_heads(u: np.ndarray, B: int, S: int, H: int) -> np.ndarray:
@@ -65,8 +70,16 @@ def merge_heads(u: np.ndarray) -> np.ndarray:
     return out.reshape(B * S, H * hd)
 
 
+def rope_scaling(cfg: Config) -> Llama3Scaling | None:
+    """The frequency rule of `cfg`'s RoPE: Llama 3's scaling, or None for the plain one."""
+    if cfg.rope_scaling == "none":
+        return None
+    return Llama3Scaling(cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
+                         cfg.rope_original_context)
+
+
 def qk_rope_tables(cfg: Config, seq_len: int, dtype: type) -> tuple[np.ndarray, np.ndarray]:
-    """The RoPE tables as the attention block takes them: (seq_len, (d + dkv)/2) each, `dtype`.
+    """The RoPE tables as the attention block takes them: (seq_len, (dq + dkv)/2) each, `dtype`.
 
     `rope_tables`' (seq_len, hd/2) repeated for the H + Hkv heads that sit side by side in a row
     of the q and k columns, so that one pass over the rows rotates every head: pair j of a row
@@ -74,14 +87,25 @@ def qk_rope_tables(cfg: Config, seq_len: int, dtype: type) -> tuple[np.ndarray, 
     gives the same numbers in loops of hd/2 pairs: 2.5 times slower.) Made once per forward
     pass and shared by every layer.
     """
-    cos, sin = rope_tables(seq_len, cfg.head_dim, cfg.rope_theta)  # (seq_len, hd/2) float64
+    cos, sin = rope_tables(seq_len, cfg.head_dim, cfg.rope_theta,
+                           rope_scaling(cfg))  # (seq_len, hd/2) float64
     heads = cfg.n_head + cfg.n_kv_head
     return np.tile(cos.astype(dtype), heads), np.tile(sin.astype(dtype), heads)
 
 
+def layer_tables(cfg: Config, l: int, cos: np.ndarray, sin: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Layer l's RoPE tables: `cos`, `sin`, or for a layer without RoPE (Config.nope_layers) the
+    angle 0 (cos 1, sin 0): a rotation by 0 leaves q and k exactly as they are, and its
+    backward, the rotation back by 0, leaves dq and dk. Only the tables change."""
+    if l not in cfg.nope_layers:
+        return cos, sin
+    return np.ones_like(cos), np.zeros_like(sin)
+
+
 def layer_params(params: dict, l: int) -> dict[str, np.ndarray]:
-    """Layer l's slice of each (L, ...) stack: {"rms_attn": (d,), "wq": (d, d), ...}, views."""
-    return {name: params[name][l] for name in LAYER_PARAMS}
+    """Layer l's slice of each (L, ...) stack: {"rms_attn": (d,), "wq": (d, dq), ...}, views."""
+    return {name: p[l] for name, p in params.items() if PARAM[name].per_layer}
 
 
 # -- the attention block: h + attention_block(h) --------------------------------------------
@@ -91,11 +115,20 @@ class AttentionBlockCache(NamedTuple):
 
     norm: RMSNormCache  # xb = rmsnorm(h, rms_attn): xhat, rstd and the gain
     qkv: LinearCache  # qkv = xb @ [wq | wk | wv]: both factors of the one fused product
-    rope: RopeCache  # q, k = rope(q), rope(k): the tables (S, (d + dkv)/2) that `forward` made
-    # for every layer (`qk_rope_tables`), to rotate dq and dk back
+    bias: BiasCache | None  # qkv += [bq | bk | bv] (Config.qkv_bias): the width, to sum over
+    qk_norm: QKNormPair | None  # q, k = rmsnorm of each head of q and of k (Config.qk_norm)
+    rope: RopeCache  # q, k = rope(q), rope(k): the tables (S, (dq + dkv)/2) that `forward`
+    # made for every layer (`qk_rope_tables`), to rotate dq and dk back
     attention: AttentionCache | FlashCache  # a = attention(q, k, v): rotated q, k, v and the
     # weights (B, H, S, S), or with flash attention the output and its log-sum-exp (B, H, S)
     out: LinearCache  # out = merge_heads(a) @ wo: both factors
+
+
+class QKNormPair(NamedTuple):
+    """QK-norm's caches: one for the heads of q, one for those of k (their gains differ)."""
+
+    q: QKNormCache  # per head of q: xhat, rstd, the gain q_norm (hd,)
+    k: QKNormCache  # per head of k: the gain k_norm
 
 
 class PastKV(NamedTuple):
@@ -110,30 +143,56 @@ class PastKV(NamedTuple):
     pos: int  # the position of the first new token
 
 
+def _qkv(xb: np.ndarray, p: dict, cfg: Config) -> tuple[np.ndarray, LinearCache,
+                                                         BiasCache | None]:
+    """q, k, v side by side (N, dq + 2dkv): xb @ [wq | wk | wv], plus [bq | bk | bv] if any."""
+    d, w = xb.shape[1], cfg.q_dim + 2 * cfg.kv_dim
+    wqkv = p.get("wqkv")  # (d, dq + 2dkv) made once by a caller that runs the layer often
+    if wqkv is None:  # (decoding: `generate` fuses each layer's once, not at every token)
+        wqkv = np.concatenate((p["wq"], p["wk"], p["wv"]), axis=1, out=empty((d, w), xb.dtype))
+    qkv, qkv_cache = linear_forward(xb, wqkv)  # (N, dq + 2dkv)
+    if not cfg.qkv_bias:
+        return qkv, qkv_cache, None
+    b = np.concatenate((p["bq"], p["bk"], p["bv"]))  # (dq + 2dkv,)
+    qkv, bias = bias_forward(qkv, b, out=qkv)  # in place: qkv is ours
+    return qkv, qkv_cache, bias
+
+
+def _normed_qk(qk: np.ndarray, p: dict, cfg: Config) -> tuple[np.ndarray, QKNormPair | None]:
+    """QK-norm (Config.qk_norm) on qk (B, S, dq + dkv): each head of q and of k by its gain."""
+    if not cfg.qk_norm:
+        return qk, None
+    dq = cfg.q_dim
+    qn, qc = qk_norm_forward(qk[..., :dq], p["q_norm"], cfg.norm_eps)  # (B, S, dq)
+    kn, kc = qk_norm_forward(qk[..., dq:], p["k_norm"], cfg.norm_eps)  # (B, S, dkv)
+    return np.concatenate((qn, kn), axis=-1), QKNormPair(qc, kc)  # (B, S, dq + dkv)
+
+
 def attention_block_forward(
     h: np.ndarray, p: dict, cfg: Config, cos: np.ndarray, sin: np.ndarray,
     past: PastKV | None = None,
 ) -> tuple[np.ndarray, AttentionBlockCache]:
     """The attention branch of one layer: merge_heads(attention(rope(q), rope(k), v)) @ wo,
-    with q, k, v the products of rmsnorm(h, rms_attn) with wq, wk and wv.
+    with q, k, v the products of rmsnorm(h, rms_attn) with wq, wk and wv (plus their biases,
+    and each head of q and k normalized, when the Config asks for them).
 
     h is the stream (N, d), N = B*S; p the layer's parameters (`layer_params`); cos and sin
     the RoPE tables of the S positions as `qk_rope_tables` repeats them for the H + Hkv heads of
-    q and k, (S, (d + dkv)/2) each. Query head j reads key/value head j // (H // Hkv). With
+    q and k, (S, (dq + dkv)/2) each. Query head j reads key/value head j // (H // Hkv). With
     `past` (decoding), the S positions come after `past.pos` earlier ones whose keys and values
     `past` holds. Returns `(out, cache)`, out (N, d).
     """
-    S, H, Hkv, d, dkv = cos.shape[0], cfg.n_head, cfg.n_kv_head, h.shape[1], cfg.kv_dim
-    B, w = h.shape[0] // S, d + 2 * dkv
+    S, H, Hkv, dq, dkv = cos.shape[0], cfg.n_head, cfg.n_kv_head, cfg.q_dim, cfg.kv_dim
+    B, w = h.shape[0] // S, dq + 2 * dkv
     xb, norm = rmsnorm_forward(h, p["rms_attn"], cfg.norm_eps)  # (N, d)
-    # q, k, v = xb @ wq, xb @ wk, xb @ wv, as one product with [wq | wk | wv]
-    wqkv = np.concatenate((p["wq"], p["wk"], p["wv"]), axis=1, out=empty((d, w), h.dtype))
-    qkv, qkv_cache = linear_forward(xb, wqkv)  # (N, d + 2dkv)
+    # q, k, v = xb @ wq (+ bq), xb @ wk (+ bk), xb @ wv (+ bv), as one product
+    qkv, qkv_cache, bias = _qkv(xb, p, cfg)  # (N, dq + 2dkv)
+    qk, qk_norm = _normed_qk(qkv.reshape(B, S, w)[:, :, : dq + dkv], p, cfg)  # (B, S, dq + dkv)
     # q, k = rope(q), rope(k), all heads in one pass over the rows as the product left them:
     # a row's q and k columns are H + Hkv heads side by side, and the repeated tables give pair
     # j the angle of pair j mod hd/2 (see `qk_rope_tables`)
-    qk, rope = rope_forward(qkv.reshape(B, S, w)[:, :, : d + dkv], cos, sin)  # (B, S, d + dkv)
-    qk = split_heads(qk.reshape(B * S, d + dkv), B, S, H + Hkv)  # (B, H + Hkv, S, hd)
+    qk, rope = rope_forward(qk, cos, sin)  # (B, S, dq + dkv)
+    qk = split_heads(qk.reshape(B * S, dq + dkv), B, S, H + Hkv)  # (B, H + Hkv, S, hd)
     q, k = qk[:, :H], qk[:, H:]  # (B, H, S, hd) and (B, Hkv, S, hd), views
     v = split_heads(qkv, B, S, H + 2 * Hkv)[:, H + Hkv :]  # (B, Hkv, S, hd), a view
     if past is not None:  # decoding: keep the new keys and values, attend to all so far
@@ -143,45 +202,61 @@ def attention_block_forward(
     if cfg.attention == "flash" and past is None:  # the same values, without (S, S) weights
         a, attention = flash_attention_forward(q, k, v, cfg.flash_block)  # (B, H, S, hd)
     else:  # (decoding's weights are (S, P), one row per new position: the plain form)
-        a, attention = causal_attention_forward(q, k, v)  # (B, H, S, hd)
+        a, attention = causal_attention_forward(q, k, v, cfg.sliding_window)  # (B, H, S, hd)
     out, out_cache = linear_forward(merge_heads(a), p["wo"])  # (N, d)
-    return out, AttentionBlockCache(norm, qkv_cache, rope, attention, out_cache)
+    return out, AttentionBlockCache(norm, qkv_cache, bias, qk_norm, rope, attention, out_cache)
+
+
+def _qk_grads(dqk: np.ndarray, cache: AttentionBlockCache, grads: dict) -> None:
+    """QK-norm in reverse, in place on dqk (B, S, dq + dkv); its gains' gradients into grads."""
+    qc, kc = cache.qk_norm
+    dq = qc.shape[-1]
+    dqn, grads["q_norm"] = qk_norm_backward(dqk[..., :dq], qc)  # (B, S, dq), (hd,)
+    dkn, grads["k_norm"] = qk_norm_backward(dqk[..., dq:], kc)  # (B, S, dkv), (hd,)
+    dqk[..., :dq], dqk[..., dq:] = dqn, dkn
 
 
 def attention_block_backward(
     dout: np.ndarray, cache: AttentionBlockCache
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The attention branch in reverse: `(dh, grads)` given dout (N, d), where dh (N, d) is the
-    branch's part of the stream's gradient and grads holds rms_attn, wq, wk, wv and wo."""
+    branch's part of the stream's gradient and grads holds rms_attn, wq, wk, wv and wo (and
+    bq, bk, bv, q_norm, k_norm when the forward had them)."""
     B, H, S, hd = cache.attention.q.shape
     Hkv = cache.attention.k.shape[1]
-    d, dkv = H * hd, Hkv * hd
+    dq, dkv = H * hd, Hkv * hd
+    grads: dict[str, np.ndarray] = {}
     # out = merge_heads(a) @ wo
-    dam, dwo = linear_backward(dout, cache.out)  # (N, d), (d, d)
+    dam, dwo = linear_backward(dout, cache.out)  # (N, dq), (dq, d)
     da = split_heads(dam, B, S, H)  # (B, H, S, hd)
     # a = attention(q, k, v): dk and dv (B, Hkv, S, hd) sum the gradients of the query heads
     # that read each key/value head
     if isinstance(cache.attention, FlashCache):
-        dq, dk, dv = flash_attention_backward(da, cache.attention)
+        dqh, dkh, dvh = flash_attention_backward(da, cache.attention)
     else:
-        dq, dk, dv = causal_attention_backward(da, cache.attention)
+        dqh, dkh, dvh = causal_attention_backward(da, cache.attention)
     # q, k, v = the heads of xb @ [wq | wk | wv]: their gradients go into the heads of the
-    # fused product's gradient [dq | dk | dv] (N, d + 2dkv)
-    dqkv = empty((B * S, d + 2 * dkv), dout.dtype)  # (N, d + 2dkv)
+    # fused product's gradient [dq | dk | dv] (N, dq + 2dkv)
+    dqkv = empty((B * S, dq + 2 * dkv), dout.dtype)  # (N, dq + 2dkv)
     dheads = split_heads(dqkv, B, S, H + 2 * Hkv)  # (B, H + 2Hkv, S, hd) a view of dqkv
-    np.copyto(dheads[:, :H], dq)
-    np.copyto(dheads[:, H : H + Hkv], dk)
-    np.copyto(dheads[:, H + Hkv :], dv)
+    np.copyto(dheads[:, :H], dqh)
+    np.copyto(dheads[:, H : H + Hkv], dkh)
+    np.copyto(dheads[:, H + Hkv :], dvh)
     # q, k = rope(q), rope(k): rotate dq and dk back by the opposite angles, in place, all heads
     # in one pass over the rows, as the forward rotated them
-    dqk = dqkv.reshape(B, S, d + 2 * dkv)[:, :, : d + dkv]  # (B, S, d + dkv) a view of dqkv
+    dqk = dqkv.reshape(B, S, dq + 2 * dkv)[:, :, : dq + dkv]  # (B, S, dq + dkv) a view of dqkv
     rope_backward(dqk, cache.rope, out=dqk)
+    if cache.qk_norm is not None:  # q, k = per-head rmsnorm(q), rmsnorm(k)
+        _qk_grads(dqk, cache, grads)
+    if cache.bias is not None:  # qkv += [bq | bk | bv]: each bias sums its column's rows
+        _, db = bias_backward(dqkv, cache.bias)  # (dq + 2dkv,)
+        grads["bq"], grads["bk"], grads["bv"] = db[:dq], db[dq : dq + dkv], db[dq + dkv :]
     # qkv = xb @ [wq | wk | wv]: xb fans out to q, k and v, so dxb sums the three paths.
-    dxb, dwqkv = linear_backward(dqkv, cache.qkv)  # (N, d), (d, d + 2dkv)
-    dwq, dwk, dwv = dwqkv[:, :d], dwqkv[:, d : d + dkv], dwqkv[:, d + dkv :]  # views
+    dxb, dwqkv = linear_backward(dqkv, cache.qkv)  # (N, d), (d, dq + 2dkv)
+    dwq, dwk, dwv = dwqkv[:, :dq], dwqkv[:, dq : dq + dkv], dwqkv[:, dq + dkv :]  # views
     # xb = rmsnorm(h, rms_attn)
     dh, drms = rmsnorm_backward(dxb, cache.norm)  # (N, d), (d,)
-    return dh, {"rms_attn": drms, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo}
+    return dh, {"rms_attn": drms, "wq": dwq, "wk": dwk, "wv": dwv, **grads, "wo": dwo}
 
 
 # -- the SwiGLU block: h + swiglu_block(h) --------------------------------------------------
@@ -201,7 +276,8 @@ def swiglu_block_forward(
     h is the stream (N, d), p the layer's parameters. Returns `(out, cache)`, out (N, d).
     """
     x2b, norm = rmsnorm_forward(h, p["rms_ffn"], cfg.norm_eps)  # (N, d)
-    out, swiglu = swiglu_forward(x2b, p["w1"], p["w3"], p["w2"])  # (N, d)
+    out, swiglu = swiglu_forward(x2b, p["w1"], p["w3"], p["w2"], p.get("w13"))  # (N, d); w13:
+    # [w1 / 2, w3] when the caller stacked it once (decoding)
     return out, SwiGLUBlockCache(norm, swiglu)
 
 
@@ -322,11 +398,12 @@ def forward(
     h = h.reshape(B * S, cfg.n_embd)  # (N, d) the residual stream
     layers, layer_inputs = [], []
     for l in range(cfg.n_layer):
+        cl, sl = layer_tables(cfg, l, cos, sin)  # (S, (dq + dkv)/2) each
         if recompute:
             layer_inputs.append(h)
-            h, _ = layer_forward(h, layer_params(params, l), cfg, cos, sin)
+            h, _ = layer_forward(h, layer_params(params, l), cfg, cl, sl)
         else:
-            h, layer = layer_forward(h, layer_params(params, l), cfg, cos, sin)
+            h, layer = layer_forward(h, layer_params(params, l), cfg, cl, sl)
             layers.append(layer)
     logits, head = head_forward(h, params, cfg)  # (N, V)
     logits = logits.reshape(B, S, -1)  # (B, S, V)
@@ -358,14 +435,15 @@ def backward(
     loss, dlogits = softmax_cross_entropy(cache.logits, y, cfg.pad_token_id)  # (B, S, V)
     dh, grads = head_backward(dlogits.reshape(B * S, -1), cache.head)  # (N, d)
     del dlogits  # (B, S, V), read by nothing below: its memory can serve the layers' gradients
-    for name in LAYER_PARAMS:
+    for name in layer_names(cfg):
         grads[name] = empty_like(params[name])  # (L, ...) filled layer by layer
     for l in reversed(range(cfg.n_layer)):
         if cache.layers:
             layer = cache.layers[l]
         else:  # recompute: run layer l's forward again from its input
             p = layer_params(params, l)
-            _, layer = layer_forward(cache.layer_inputs[l], p, cfg, cache.cos, cache.sin)
+            cl, sl = layer_tables(cfg, l, cache.cos, cache.sin)
+            _, layer = layer_forward(cache.layer_inputs[l], p, cfg, cl, sl)
         dh, grads_l = layer_backward(dh, layer)
         del layer
         if release:  # nothing reads layer l's cache again

@@ -39,10 +39,22 @@ MODEL_HELP = {
     "attention": "attention kernel: plain, or flash (blockwise, no S x S matrix; see the memory "
                  "chapter)",
     "flash_block": "block size of flash attention",
+    "head_width": "each head's width, when it is not n_embd / n_head (Qwen3's heads are wider)",
+    "qkv_bias": "biases on the query, key and value projections (Qwen2.5)",
+    "qk_norm": "an RMSNorm over each head of the queries and keys, before RoPE (Qwen3)",
+    "rope_scaling": "RoPE frequencies: none, or llama3 (Llama 3.1's rule for a longer context)",
+    "sliding_window": "each position attends to this many positions, itself included "
+                      "(Mistral); unless set: all earlier ones",
 }
 
 
-NOT_SETTINGS = ("vocab_size", "pad_token_id")  # the model's fields that no run setting sets
+# the model's fields that no run setting sets: the text's, the tokenizer's special tokens, the
+# Hugging Face family a checkpoint was read from (for to-hf), and the numbers of Llama 3's RoPE
+# scaling (a checkpoint's: `--rope-scaling llama3` takes Llama 3.1's), the layers without RoPE
+NOT_SETTINGS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "family",
+                "nope_layers",
+                "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                "rope_original_context")
 
 
 def model_fields() -> list:

@@ -7,20 +7,25 @@ run takes from the checkpoint it starts from.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
 
 from ..model import Config
 from .checkpoint import Checkpoint, load_checkpoint
-from .config import TrainConfig
+from .config import NOT_SETTINGS, TrainConfig
 
-# The model settings a fine-tuning run takes from its checkpoint; the others (seq_len, the
-# attention kernel, recompute) are the run's own: a shorter context than the model's is fine.
-MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "ffn_hidden", "tie_embeddings", "rope_theta",
-                "norm_eps")
 RUN_OWN = ("seq_len", "attention", "flash_block")  # the model settings that stay the run's
+# The model settings a fine-tuning run takes from its checkpoint: every field of Config but the
+# run's own (seq_len, the attention kernel: a shorter context than the model's is fine) and
+# the text's and tokenizer's (which come with the checkpoint's tokenizer). Derived, so that a
+# field added to Config is the checkpoint's too: the architecture never comes from defaults.
+MODEL_FIELDS = tuple(f.name for f in fields(Config) if f.name not in (*RUN_OWN, *NOT_SETTINGS))
+# The sizes that a TrainConfig passed to `train(..., init=...)` must repeat (else the run is
+# refused: the caller asked for another model); every other field of the checkpoint's Config,
+# the key/value heads, the open models' pieces, the tokens, is carried over as it is.
+SIZES = ("n_layer", "n_head", "n_embd", "ffn_hidden", "tie_embeddings", "rope_theta", "norm_eps")
 
 
 def load_init(init: str | Path) -> Checkpoint:
@@ -33,7 +38,7 @@ def load_init(init: str | Path) -> Checkpoint:
 
 
 def adopt_model(tc: TrainConfig, cfg: Config) -> TrainConfig:
-    """`tc` with the model settings of `cfg`, the model a fine-tuning run starts from."""
+    """`tc` with the architecture of `cfg`, the model a fine-tuning run starts from."""
     return replace(tc, model=replace(tc.model, **{k: getattr(cfg, k) for k in MODEL_FIELDS}))
 
 
@@ -48,7 +53,7 @@ def run_config(tc: TrainConfig, vocab_size: int, ckpt: Checkpoint | None) -> Con
         return tc.model_config(vocab_size)
     cfg = tc.model_config(ckpt.config.vocab_size)
     carried = {k: v for k, v in ckpt.config.to_dict().items()
-               if k not in (*MODEL_FIELDS, *RUN_OWN, "vocab_size")}
+               if k not in (*SIZES, *RUN_OWN, "vocab_size")}
     context = ckpt.config.seq_len
     if ckpt.train.get("seq_len") != context and tc.seq_len <= context:
         carried["seq_len"] = context  # the windows are tc.seq_len; the model keeps its context
@@ -58,7 +63,7 @@ def run_config(tc: TrainConfig, vocab_size: int, ckpt: Checkpoint | None) -> Con
 def check_init(init: str | Path, ckpt: Checkpoint, cfg: Config, tc: TrainConfig) -> None:
     """The run's model is the checkpoint's (up to seq_len and the attention kernel)."""
     mismatch = [f"{k}: {getattr(ckpt.config, k)} in the checkpoint, {getattr(cfg, k)} asked"
-                for k in MODEL_FIELDS if getattr(ckpt.config, k) != getattr(cfg, k)]
+                for k in SIZES if getattr(ckpt.config, k) != getattr(cfg, k)]
     if mismatch:
         raise ValueError(f"checkpoint '{init}' is another model ({'; '.join(mismatch)}): drop "
                          "the model settings, a fine-tuning run takes them from --init")

@@ -19,6 +19,7 @@ from ...tools.util import atomic_write_text
 from ..config import Config
 from ..params import param_shapes
 from ..tokenizer import BPETokenizer
+from .extras import write_extras
 from .layout import IGNORED, config_from_hf, config_to_hf, hf_names, params_from_hf, tensor_to_hf
 from .safetensors import read_header, read_tensor, write_tensors
 
@@ -179,8 +180,9 @@ def write_hf(folder: str | Path, params: dict[str, np.ndarray], cfg: Config,
              tokenizer: BPETokenizer | None = None,
              progress: Progress | None = None) -> list[Path]:
     """Write a folder that transformers' `from_pretrained` loads with the same logits: the
-    config, the weights (float32, or float64 if the parameters are) and the tokenizer. The
-    weights are written one tensor at a time: the memory it takes is one tensor's."""
+    config, the weights (float32, or float64 if the parameters are), the tokenizer, and the
+    generation and tokenizer settings (`extras`). The weights are written one tensor at a time:
+    the memory it takes is one tensor's."""
     folder, say = Path(folder), progress or (lambda s: None)
     folder.mkdir(parents=True, exist_ok=True)
     names, shapes = hf_names(cfg), param_shapes(cfg)
@@ -206,4 +208,4 @@ def write_hf(folder: str | Path, params: dict[str, np.ndarray], cfg: Config,
     if tokenizer is not None:
         atomic_write_text(folder / TOKENIZER, tokenizer.spec)
         written.append(folder / TOKENIZER)
-    return written
+    return written + write_extras(folder, cfg, tokenizer)

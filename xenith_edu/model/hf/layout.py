@@ -1,5 +1,5 @@
-"""A Hugging Face LLaMA in the book's layout and back: config.json as a `Config`, the weights
-transposed, q_proj and k_proj re-paired from rotate-half to interleaved (see "A real LLaMA").
+"""A Hugging Face LLaMA, Qwen2.5, Qwen3 or Mistral in the book's layout and back: config.json as
+a `Config`, the weights transposed, q and k rows re-paired from rotate-half to interleaved.
 
 Shape legend: V vocab, d width, H heads, Hkv key/value heads, hd head width, f SwiGLU hidden,
 L layers. A checkpoint's nn.Linear weight is (out, in); ours is (in, out).
@@ -24,7 +24,7 @@ def _refuse(field: str, value: object, why: str) -> ValueError:
     return ValueError(f"config.json field {field} = {value!r}: {why}; nothing was written")
 
 
-def _number(hf: dict, key: str, kind: type, default: object = None) -> object:
+def _number(hf: dict, key: str, kind: type, default: object = None, where: str = "") -> object:
     value = hf.get(key, default)
     ok = isinstance(value, kind) and not isinstance(value, bool)
     if kind is float:
@@ -33,12 +33,14 @@ def _number(hf: dict, key: str, kind: type, default: object = None) -> object:
     elif ok:
         ok = value > 0
     if not ok:
-        raise _refuse(key, value, f"expected a positive {kind.__name__}")
+        raise _refuse(where + key, value, f"expected a positive {kind.__name__}")
     return value
 
 
-def _rope_theta(hf: dict) -> float:
-    """rope_theta, at the top (older files) or in rope_parameters; only the default RoPE."""
+def _rope(hf: dict) -> dict:
+    """The Config's RoPE fields: rope_theta, at the top (older files) or in rope_scaling /
+    rope_parameters (transformers 5), and Llama 3's frequency scaling if the file asks for it."""
+    out = {"rope_theta": float(_number(hf, "rope_theta", float, 10000.0))}
     for key in ("rope_scaling", "rope_parameters"):
         rope = hf.get(key)
         if rope is None:
@@ -46,12 +48,79 @@ def _rope_theta(hf: dict) -> float:
         if not isinstance(rope, dict):
             raise _refuse(key, rope, "expected a JSON object or null")
         kind = rope.get("rope_type", rope.get("type", "default"))
-        if kind != "default":
-            raise _refuse(key, kind, "the book's model has plain RoPE only (no scaling), so "
-                                     "this checkpoint cannot be represented")
+        if kind not in ("default", "llama3"):
+            raise _refuse(key, kind, "the book's RoPE has the plain frequencies and Llama 3's "
+                                     "scaling only, so this checkpoint cannot be represented")
         if "rope_theta" in rope:
-            return float(_number(rope, "rope_theta", float))
-    return float(_number(hf, "rope_theta", float, 10000.0))
+            out["rope_theta"] = float(_number(rope, "rope_theta", float))
+        if kind == "llama3":
+            out.update(rope_scaling="llama3", **{ours: _number(rope, theirs, kind_, None,
+                                                                f"{key}.")
+                                                  for theirs, (ours, kind_) in LLAMA3.items()})
+    return out
+
+
+LLAMA3 = {"factor": ("rope_factor", float), "low_freq_factor": ("rope_low_freq_factor", float),
+          "high_freq_factor": ("rope_high_freq_factor", float),
+          "original_max_position_embeddings": ("rope_original_context", int)}
+# model_type -> the architecture transformers loads; each family's own fields in `_family`
+FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
+            "smollm3": "SmolLM3ForCausalLM"}
+
+
+def _flag(hf: dict, key: str, allowed: bool, why: str) -> None:
+    value = hf.get(key, False)
+    if not isinstance(value, bool) or (value and not allowed):
+        raise _refuse(key, value, why)
+
+
+def _nope_layers(hf: dict, n_layer: int) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE: no_rope_layers (1 = RoPE, 0 = none, one per layer), or
+    by default every no_rope_layer_interval-th layer, as transformers makes them."""
+    flags = hf.get("no_rope_layers")
+    if flags is None:
+        every = _number(hf, "no_rope_layer_interval", int, 4)
+        flags = [int((l + 1) % every != 0) for l in range(n_layer)]
+    if not isinstance(flags, list) or len(flags) != n_layer or any(
+            f not in (0, 1) or isinstance(f, bool) for f in flags):
+        raise _refuse("no_rope_layers", flags, f"expected {n_layer} flags, 1 (RoPE) or 0 (none)")
+    return tuple(l for l, f in enumerate(flags) if f == 0)
+
+
+def _family(hf: dict, kind: str, n_layer: int) -> dict:
+    """What the family adds: Qwen2.5's q, k, v biases, Qwen3's QK-norm, Mistral's window; and
+    the fields it would need that the book's model has not, refused by name."""
+    _flag(hf, "mlp_bias", False, "the book's SwiGLU has no bias terms")
+    _flag(hf, "attention_bias", False, "the book's attention has no bias on its output "
+          "projection (Qwen2.5's biases on q, k and v only are read as model_type qwen2)")
+    _flag(hf, "use_sliding_window", False, f"{kind}'s windowed layers (after max_window_layers) "
+          "are not in the book's model: only every layer windowed (mistral) or none")
+    window = hf.get("sliding_window") if kind == "mistral" else None
+    if window is not None:
+        window = _number(hf, "sliding_window", int)
+    layers = hf.get("layer_types")
+    want = "sliding_attention" if window is not None else "full_attention"
+    if layers is not None and (not isinstance(layers, list) or any(t != want for t in layers)):
+        raise _refuse("layer_types", layers, f"every layer must be {want} here")
+    nope = _nope_layers(hf, n_layer) if kind == "smollm3" else ()
+    return {"qkv_bias": kind == "qwen2", "qk_norm": kind == "qwen3", "sliding_window": window,
+            "nope_layers": nope}
+
+
+TOKEN_FIELDS =  ("pad_token_id", "bos_token_id", "eos_token_id")  # same names in both
+
+
+def _token_ids(hf: dict, key: str, vocab: int) -> int | tuple[int, ...] | None:
+    """A special token's id (eos: one id or several) if it names a row of the table, else None:
+    some files say -1 or null, and then the table has no such row."""
+    value = hf.get(key)
+    many = isinstance(value, list) and key == "eos_token_id"
+    ids = value if many else [value]
+    if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                          for t in ids):
+        return None
+    return tuple(ids) if many else value
 
 
 def config_from_hf(hf: object) -> Config:
@@ -59,44 +128,80 @@ def config_from_hf(hf: object) -> Config:
     the book's model cannot represent (RoPE scaling, biases, head_dim, activation, type)."""
     if not isinstance(hf, dict):
         raise ValueError(f"config.json holds a {type(hf).__name__}, not a JSON object")
-    if hf.get("model_type", "llama") != "llama":
-        raise _refuse("model_type", hf.get("model_type"), "only LLaMA checkpoints are read")
+    kind = hf.get("model_type", "llama")
+    if not isinstance(kind, str) or kind not in FAMILIES:
+        raise _refuse("model_type", kind, f"the book reads {', '.join(FAMILIES)} checkpoints")
     if hf.get("hidden_act", "silu") != "silu":
         raise _refuse("hidden_act", hf.get("hidden_act"), "the book's SwiGLU gates with SiLU")
-    for key in ("attention_bias", "mlp_bias"):
-        if hf.get(key, False) is not False:
-            raise _refuse(key, hf.get(key), "the book's model has no bias terms")
     sizes = {ours: _number(hf, key, int) for key, ours in INT_FIELDS.items()}
     H = sizes["n_head"]
     hkv = _number(hf, "num_key_value_heads", int, H)
     head_dim = hf.get("head_dim")
-    if head_dim is not None and head_dim != sizes["n_embd"] // H:
-        raise _refuse("head_dim", head_dim, f"the book's heads are hidden_size / "
-                                            f"num_attention_heads = {sizes['n_embd'] // H} wide")
+    if head_dim is not None and _number(hf, "head_dim", int) % 2:
+        raise _refuse("head_dim", head_dim, "RoPE turns pairs: a head's width must be even")
     tie = hf.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
         raise _refuse("tie_word_embeddings", tie, "expected true or false")
-    pad = hf.get("pad_token_id")
-    if pad is not None and not (isinstance(pad, int) and not isinstance(pad, bool)
-                                and 0 <= pad < sizes["vocab_size"]):
-        pad = None  # a pad id outside the table (some files say -1): the table has no pad row
-    theta, eps = _rope_theta(hf), float(_number(hf, "rms_norm_eps", float, 1e-6))
+    tokens = {k: _token_ids(hf, k, sizes["vocab_size"]) for k in TOKEN_FIELDS}
+    eps = float(_number(hf, "rms_norm_eps", float, 1e-6))
+    rope, family = _rope(hf), _family(hf, kind, sizes["n_layer"])  # their errors name their fields
     try:
-        return Config(**sizes, n_kv_head=hkv, tie_embeddings=tie, rope_theta=theta,
-                      norm_eps=eps, pad_token_id=pad)
+        return Config(**sizes, n_kv_head=hkv, tie_embeddings=tie, norm_eps=eps, family=kind,
+                      head_width=head_dim, **rope, **family, **tokens)
     except (TypeError, ValueError) as e:
         raise ValueError(f"config.json describes a model the book's cannot be: {e}") from None
 
 
+# what each family has that the others have not: a model with one of these is that family's
+FAMILY_OF = {"qkv_bias": "qwen2", "qk_norm": "qwen3", "sliding_window": "mistral",
+             "nope_layers": "smollm3"}
+
+
+def writing_family(cfg: Config) -> str:
+    """The family a model is written as: its own, unless that cannot hold what the model has
+    (biases, QK-norm, a window), then the one family that can; ValueError naming the fields if
+    none can (a mix that no transformers family has)."""
+    has = [k for k in FAMILY_OF if getattr(cfg, k)]
+    needs = {FAMILY_OF[k] for k in has}
+    if len(needs) > 1:
+        raise ValueError(f"no Hugging Face family has all of {', '.join(has)}: this model "
+                         "cannot be written as a transformers folder")
+    if needs:
+        return needs.pop()
+    return cfg.family if cfg.family in ("llama", "mistral") else "llama"  # a qwen2 without
+    # biases or a qwen3 without QK-norm is a LLaMA: those families always have them
+
+
 def config_to_hf(cfg: Config) -> dict:
-    """The config.json of `cfg` for transformers' LlamaForCausalLM."""
-    out = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    """The config.json of `cfg` for transformers' model of its family (LlamaForCausalLM, ...)."""
+    family = writing_family(cfg)
+    scaling = None
+    if cfg.rope_scaling == "llama3":
+        scaling = {"rope_type": "llama3", **{theirs: getattr(cfg, ours)
+                                              for theirs, (ours, _) in LLAMA3.items()}}
+    out = {"architectures": [FAMILIES[family]], "model_type": family,
            "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
            "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.head_dim,
            "tie_word_embeddings": cfg.tie_embeddings, "rms_norm_eps": cfg.norm_eps,
-           "rope_theta": cfg.rope_theta, "rope_scaling": None,
-           "pad_token_id": cfg.pad_token_id, "torch_dtype": "float32"}
+           "rope_theta": cfg.rope_theta, "rope_scaling": scaling,
+           "torch_dtype": "float32", **token_ids(cfg)}
+    if family == "smollm3":
+        out.update(use_sliding_window=False, sliding_window=None,
+                   no_rope_layers=[int(l not in cfg.nope_layers) for l in range(cfg.n_layer)])
+    if family in ("qwen2", "qwen3"):
+        out.update(use_sliding_window=False, sliding_window=None,
+                   max_window_layers=cfg.n_layer)
+    if family == "mistral":
+        out["sliding_window"] = cfg.sliding_window
     out.update({key: getattr(cfg, ours) for key, ours in INT_FIELDS.items()})
+    return out
+
+
+def token_ids(cfg: Config) -> dict[str, int | list[int] | None]:
+    """The special tokens' ids as config.json and generation_config.json write them."""
+    out = {k: getattr(cfg, k) for k in TOKEN_FIELDS}
+    if isinstance(out["eos_token_id"], tuple):
+        out["eos_token_id"] = list(out["eos_token_id"])
     return out
 
 
@@ -118,18 +223,32 @@ def hf_names(cfg: Config) -> dict[str, tuple[str, int | None]]:
                  "self_attn.q_proj": "wq", "self_attn.k_proj": "wk", "self_attn.v_proj": "wv",
                  "self_attn.o_proj": "wo", "mlp.gate_proj": "w1", "mlp.up_proj": "w3",
                  "mlp.down_proj": "w2"}
+    extra = {}
+    if cfg.qkv_bias:
+        extra.update({"self_attn.q_proj.bias": "bq", "self_attn.k_proj.bias": "bk",
+                      "self_attn.v_proj.bias": "bv"})
+    if cfg.qk_norm:
+        extra.update({"self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm"})
     for l in range(cfg.n_layer):
         for hf, ours in per_layer.items():
             names[f"model.layers.{l}.{hf}.weight"] = (ours, l)
+        for hf, ours in extra.items():
+            names[f"model.layers.{l}.{hf}"] = (ours, l)
     return names
+
+
+def _pairs(name: str, cfg: Config) -> np.ndarray | None:
+    """The rows of a q or k tensor (weight, bias or per-head gain) in our pairing, else None."""
+    heads = {"wq": cfg.n_head, "bq": cfg.n_head, "wk": cfg.n_kv_head, "bk": cfg.n_kv_head,
+             "q_norm": 1, "k_norm": 1}.get(name)
+    return None if heads is None else pair_rows(heads, cfg.head_dim)
 
 
 def _to_ours(name: str, w: np.ndarray, cfg: Config) -> np.ndarray:
     """One checkpoint tensor in our layout: (out, in) transposed, q and k rows re-paired."""
-    if name == "wq":
-        w = w[pair_rows(cfg.n_head, cfg.head_dim)]
-    elif name == "wk":
-        w = w[pair_rows(cfg.n_kv_head, cfg.head_dim)]
+    rows = _pairs(name, cfg)
+    if rows is not None:
+        w = w[rows]
     return w.T if w.ndim == 2 and name not in ("wte", "lm_head") else w
 
 
@@ -182,7 +301,7 @@ def tensor_to_hf(params: dict[str, np.ndarray], cfg: Config, key: str) -> np.nda
     w = params[ours] if l is None else params[ours][l]
     if w.ndim == 2 and ours not in ("wte", "lm_head"):
         w = w.T  # (in, out) -> (out, in)
-    if ours in ("wq", "wk"):
-        rows = pair_rows(cfg.n_head if ours == "wq" else cfg.n_kv_head, cfg.head_dim)
+    rows = _pairs(ours, cfg)
+    if rows is not None:
         w = w[np.argsort(rows)]  # the inverse permutation: back to rotate-half pairs
     return np.ascontiguousarray(w)

@@ -1,0 +1,231 @@
+"""The open model families end to end: each published config.json becomes a run, fine-tunes
+with the architecture of its checkpoint (never the defaults'), resumes exactly, and goes back
+to a folder that transformers loads with its special tokens, generation and tokenizer settings.
+
+Nothing is downloaded: each folder is its family's published config.json with fewer layers,
+random weights and a BPE tokenizer trained here (tests/families.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+from families import NARROW, NEW, SMOLLM_135M, TEXT, TODAY, bpe_json, tiny_folder  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from xenith_edu.cli import build_parser, main  # noqa: E402
+from xenith_edu.cli.settings import UsageError, init_train_config  # noqa: E402
+from xenith_edu.model import Config, forward  # noqa: E402
+from xenith_edu.model.hf import config_from_hf, config_to_hf  # noqa: E402
+from xenith_edu.training.checkpoint import load_checkpoint  # noqa: E402
+from xenith_edu.training.finetune import MODEL_FIELDS, RUN_OWN  # noqa: E402
+
+
+def run(argv, capsys):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@st.composite
+def models(draw) -> Config:
+    """Any model the book can be: grouped heads of any group, any widths and constants, and
+    special tokens anywhere in the table (the end one or several)."""
+    hkv = draw(st.integers(1, 4))
+    H = hkv * draw(st.integers(1, 4))
+    V = draw(st.integers(8, 64))
+    ids = st.none() | st.integers(0, V - 1)
+    eos = draw(ids | st.lists(st.integers(0, V - 1), min_size=1, max_size=3).map(tuple))
+    window = draw(st.none() | st.integers(1, 64))
+    scaled = draw(st.booleans())
+    scaling = dict(rope_scaling="llama3", rope_factor=draw(st.floats(1.0, 64.0)),
+                   rope_original_context=draw(st.integers(1, 8192))) if scaled else {}
+    return Config(vocab_size=V, n_embd=H * 2 * draw(st.integers(1, 4)), n_head=H,
+                  head_width=draw(st.none() | st.integers(1, 8).map(lambda w: 2 * w)),
+                  qkv_bias=draw(st.booleans()), qk_norm=draw(st.booleans()),  # any mix
+                  **scaling, sliding_window=window,
+                  nope_layers=draw(st.sampled_from([(), (0,)])),
+                  family=draw(st.sampled_from(["llama", "qwen2", "qwen3", "mistral",
+                                               "smollm3"])),
+                  n_kv_head=hkv, n_layer=draw(st.integers(1, 6)),
+                  ffn_hidden=draw(st.integers(1, 96)), seq_len=draw(st.integers(1, 4096)),
+                  tie_embeddings=draw(st.booleans()),
+                  rope_theta=draw(st.floats(1.0, 1e7)), norm_eps=draw(st.floats(1e-8, 1e-3)),
+                  pad_token_id=draw(ids), bos_token_id=draw(ids), eos_token_id=eos)
+
+
+def test_model_fields_are_every_field_but_the_runs_and_the_tokenizers():
+    """The class, not the case: a field added to Config is taken from the checkpoint."""
+    from dataclasses import fields
+
+    from xenith_edu.training.config import NOT_SETTINGS
+
+    assert set(MODEL_FIELDS) | set(RUN_OWN) | set(NOT_SETTINGS) == {f.name for f in fields(Config)}
+    assert {"n_kv_head", "n_head", "ffn_hidden"} <= set(MODEL_FIELDS)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=models(), preset=st.sampled_from(["book", "small"]), data=st.data())
+def test_init_takes_the_whole_architecture_from_the_checkpoint(model, preset, data):
+    """For any checkpoint model and preset, `train --init` runs the checkpoint's architecture;
+    an option repeating a field's value is accepted, one that differs is one line naming it."""
+    given = [n for n in MODEL_FIELDS if getattr(model, n) is not None]
+    same = data.draw(st.lists(st.sampled_from(given), unique=True, max_size=3))
+    argv = ["train", "--init", "ckpt", "--out", "ft", "--preset", preset, "--seq-len", "1"]
+    for name in same:
+        argv += ["--set", f"{name}={str(getattr(model, name)).lower()}"]
+    tc = init_train_config(build_parser().parse_args(argv), model, MODEL_FIELDS)
+    assert {k: getattr(tc.model, k) for k in MODEL_FIELDS} == \
+        {k: getattr(model, k) for k in MODEL_FIELDS}
+    name = data.draw(st.sampled_from([n for n in MODEL_FIELDS if n not in same]))
+    value = getattr(model, name)
+    other = {bool: lambda v: str(not v).lower(), str: lambda v: v + "x",
+             type(None): lambda v: 2}.get(type(value), lambda v: v * 2)(value)
+    args = build_parser().parse_args([*argv, "--set", f"{name}={other}"])
+    with pytest.raises(UsageError, match="--" + name.replace("_", "-")):
+        init_train_config(args, model, MODEL_FIELDS)
+
+
+@settings(max_examples=100, deadline=None)
+@given(model=models())
+def test_config_json_round_trip_is_the_identity(model):
+    """config_to_hf then config_from_hf gives the model back, special tokens included, as the
+    one family that has what it has; a mix that no family has is one ValueError naming it."""
+    from xenith_edu.model.hf.layout import FAMILY_OF, writing_family
+
+    has = [k for k in FAMILY_OF if getattr(model, k)]
+    if len(has) > 1:
+        with pytest.raises(ValueError, match=" and | ".join(has[:1])):
+            config_to_hf(model)
+        return
+    hf = json.loads(json.dumps(config_to_hf(model)))
+    family = FAMILY_OF[has[0]] if has else writing_family(model)
+    assert family in (model.family, "llama") or has
+    assert config_from_hf(hf) == replace(model, attention="plain", flash_block=64,
+                                         family=family)
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return bpe_json()
+
+
+FINE_TUNE = ["--text", "{text}", "--eval-every", "1", "--eval-batches", "1", "--seq-len", "8",
+             "--batch-size", "2", "--decay-steps", "2", "--warmup-steps", "1", "--threads", "1",
+             "--no-progress", "--sample-chars", "0", "--lr", "3e-3"]
+
+
+@pytest.mark.parametrize("family", ["SmolLM-135M", *NEW])
+def test_a_family_fine_tunes_with_its_own_heads_and_resumes_exactly(tmp_path, capsys, spec,
+                                                                    family):
+    """SmolLM at its published widths (9 and 3 heads, the README's example), each new family
+    narrowed (tests/families.py): the run is the checkpoint's model, every field of it, and a
+    run stopped and resumed ends where one straight run does, bit for bit."""
+    published = {**NEW, "SmolLM-135M": SMOLLM_135M}[family]
+    folder = tiny_folder(tmp_path / "hf", published, spec,
+                         NARROW.get(family, {"num_hidden_layers": 1}))  # SmolLM: one layer
+    published = json.loads((folder / "config.json").read_text())
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    common = [a.format(text=text) for a in FINE_TUNE]
+    assert run(["from-hf", folder, "--out", tmp_path / "run"], capsys)[0] == 0
+    heads = str(published["num_key_value_heads"])
+    rc, _, err = run(["train", "--init", tmp_path / "run", "--out", tmp_path / "a", "--steps",
+                      "2", "--n-kv-head", heads, *common], capsys)  # the checkpoint's own value
+    assert rc == 0, err
+    rc, _, err = run(["train", "--init", tmp_path / "run", "--out", tmp_path / "b", "--steps",
+                      "1", *common], capsys)
+    assert rc == 0, err
+    rc, _, err = run(["train", "--resume", tmp_path / "b", "--steps", "2", "--no-progress",
+                      "--sample-chars", "0"], capsys)
+    assert rc == 0, err
+    a, b, start = (load_checkpoint(tmp_path / n) for n in ("a", "b", "run"))
+    assert a.config == b.config == replace(start.config, attention="plain")
+    assert (a.config.n_head, a.config.n_kv_head) == (published["num_attention_heads"],
+                                                      published["num_key_value_heads"])
+    for k in a.params:
+        np.testing.assert_array_equal(a.params[k], b.params[k])
+        np.testing.assert_array_equal(a.m[k], b.m[k])
+    # to-hf: transformers loads the tuned model as its family, with our logits
+    assert run(["to-hf", tmp_path / "a", "--out", tmp_path / "a_hf"], capsys)[0] == 0
+    m = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "a_hf", dtype=torch.float32)
+    assert m.config.model_type == published["model_type"]
+    x = a.tokenizer().encode(TEXT[:40])[None, :]
+    with torch.no_grad():
+        theirs = m(torch.tensor(x)).logits.numpy()
+    assert np.abs(forward(a.params, a.config, x)[0] - theirs).max() < 1e-4
+    capsys.readouterr()  # transformers' loading bar
+    other = str(published["num_key_value_heads"] * 2 + 1)
+    rc, _, err = run(["train", "--init", tmp_path / "run", "--out", tmp_path / "c",
+                      "--n-kv-head", other, *common], capsys)
+    assert rc == 2 and f"--n-kv-head ({other} asked, the checkpoint has" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("family", sorted(TODAY)[:3])
+def test_to_hf_writes_special_tokens_generation_and_tokenizer_settings(tmp_path, capsys, spec,
+                                                                       family):
+    published = TODAY[family]
+    folder = tiny_folder(tmp_path / "hf", published, spec)
+    assert run(["from-hf", folder, "--out", tmp_path / "run"], capsys)[0] == 0
+    assert run(["to-hf", tmp_path / "run", "--out", tmp_path / "back"], capsys)[0] == 0
+    back = tmp_path / "back"
+    hf = json.loads((back / "config.json").read_text())
+    for key in ("bos_token_id", "eos_token_id"):
+        assert hf[key] == published[key], key
+    gen = transformers.GenerationConfig.from_pretrained(back)
+    assert (gen.bos_token_id, gen.eos_token_id) == (published["bos_token_id"],
+                                                    published["eos_token_id"])
+    tok = transformers.AutoTokenizer.from_pretrained(back)
+    ckpt = load_checkpoint(tmp_path / "run")
+    ours = ckpt.tokenizer()
+    assert tok.eos_token_id == published["eos_token_id"]
+    words = TEXT[:200]
+    assert tok(words, add_special_tokens=False)["input_ids"] == ours.encode(words).tolist()
+    m = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32)
+    assert m.generation_config.eos_token_id == published["eos_token_id"]
+    x = ours.encode("First Citizen")[None, :]
+    with torch.no_grad():
+        theirs = m(torch.tensor(x)).logits.numpy()
+    assert np.abs(forward(ckpt.params, ckpt.config, x)[0] - theirs).max() < 1e-4
+
+
+JUNK = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=True)
+    | st.text(max_size=5),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(
+        ["rope_type", "factor", "low_freq_factor", "high_freq_factor",
+         "original_max_position_embeddings", "rope_theta", "type"]), c, max_size=5),
+    max_leaves=8)
+NEW_KEYS = ["model_type", "rope_scaling", "rope_parameters", "head_dim", "sliding_window",
+            "no_rope_layers", "no_rope_layer_interval", "use_sliding_window", "layer_types",
+            "eos_token_id", "bos_token_id", "pad_token_id", "attention_bias",
+            "num_key_value_heads", "rope_theta", "max_window_layers", "num_hidden_layers"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(family=st.sampled_from(sorted({**NEW, **TODAY})),
+       changes=st.dictionaries(st.sampled_from(NEW_KEYS), JUNK, min_size=1, max_size=3))
+def test_fuzzed_family_config_is_read_or_refused_in_one_line(family, changes):
+    """Any published file with any of its new fields replaced by any JSON value: a Config that
+    to-hf writes back as the same model, or one ValueError line, never another exception."""
+    hf = json.loads(json.dumps({**{**NEW, **TODAY}[family], **changes}))
+    try:
+        cfg = config_from_hf(hf)
+    except ValueError as e:
+        assert "\n" not in str(e)
+        return
+    try:
+        back = config_from_hf(json.loads(json.dumps(config_to_hf(cfg))))
+    except ValueError as e:  # a mix no family has: refused by name
+        assert "no Hugging Face family has" in str(e)
+        return
+    assert replace(back, family=cfg.family) == cfg
