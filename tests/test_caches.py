@@ -73,6 +73,11 @@ TRACED_MODELS = [
           attention="flash", flash_block=4, pad_token_id=0), np.float64),
     (dict(vocab_size=9, n_embd=16, n_head=2, n_layer=1, seq_len=7, tie_embeddings=False,
           attention="flash", flash_block=3), np.float32),
+    # the open models' pieces: q, k, v biases, QK-norm, a head width of its own, a window,
+    # Llama 3's RoPE scaling and a layer without RoPE
+    (dict(vocab_size=10, n_embd=16, n_head=4, n_kv_head=2, n_layer=2, seq_len=8,
+          head_width=6, qkv_bias=True, qk_norm=True, sliding_window=3, rope_scaling="llama3",
+          nope_layers=(1,)), np.float64),
 ]
 
 
