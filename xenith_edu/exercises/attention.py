@@ -14,7 +14,7 @@ import numpy as np
 from ..attention import causal_attention_backward, causal_attention_forward
 from .engine import check
 from .fit import Term, term
-from .kit import OVERFLOW, amax, fmt, int_sampler, randn, softmax64
+from .kit import OVERFLOW, amax, fmt, int_sampler, magnitudes, randn, softmax64
 from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: B batch, H heads, S positions, hd head width.
@@ -30,11 +30,13 @@ def _attention_cases(rng: np.random.Generator) -> list[Case]:
 
     sq = 2 * ints(2, 3)
     shapes = [  # label, B, H, S, hd, dtype, scale of q and k
-        ("", ints(1, 2), ints(2, 3), ints(4, 6), 2 * ints(1, 3), np.float64, 1.0),
+        ("", ints(2, 3), ints(2, 3), ints(4, 6), 2 * ints(1, 3), np.float64, 1.0),
         ("", 1, ints(1, 2), ints(5, 7), 2 * ints(2, 4), np.float32, 1.0),
         ("S=1 (one position), ", ints(1, 2), 2, 1, 2 * ints(1, 3), np.float64, 1.0),
         (f"S=hd={sq} (square), ", 1, 2, sq, sq, np.float64, 1.0),
         ("large scores (up to ~1.5e3), ", 1, 2, ints(5, 7), 4, np.float64, 30.0),
+        ("small scores (weights near uniform), S above hd, ", 2, 1, ints(9, 12), 2 * ints(1, 2),
+         np.float64, 0.05),
     ]
     cases = []
     for what, B, H, S, hd, dtype, scale in shapes:
@@ -164,7 +166,8 @@ ATTENTION = Spec(
     reference=_attention_reference,
     cases=_attention_cases,
     seed=404,
-    summary="float64 and float32, S = 1 to 7, square S = hd, scores up to ~1.5e3",
+    summary="float64 and float32, B = 1 to 3 distinct sequences, S = 1 to 12, square S = hd, "
+            "scores from near 0 up to ~1.5e3",
     mistakes=_attention_mistakes,
     terms=_attention_terms,
     hints=("out = P @ v with P = softmax(q k^T / sqrt(hd) + mask): a matmul's backward is two "
@@ -221,20 +224,23 @@ def _gqa_reference(dout, q, k, v) -> tuple:
 def _gqa_cases(rng: np.random.Generator) -> list[Case]:
     ints = int_sampler(rng)
 
-    plans = [("", ints(1, 2), ints(2, 3), ints(2, 3), ints(3, 6), np.float64),
-             ("", 1, 2, ints(2, 4), ints(4, 7), np.float32),
-             ("multi-query (one kv head), ", ints(1, 2), 1, ints(2, 4), ints(3, 5), np.float64),
-             ("S=1 (one position), ", 1, 2, 2, 1, np.float64)]
+    sq = 2 * ints(2, 3)
+    plans = [("", 2, ints(2, 3), ints(2, 3), ints(3, 6), np.float64, 2 * ints(1, 3)),
+             ("", 1, 2, ints(2, 4), ints(4, 7), np.float32, 2 * ints(1, 3)),
+             ("multi-query (one kv head), ", ints(1, 2), 1, ints(2, 4), ints(3, 5), np.float64,
+              2 * ints(1, 3)),
+             ("S=1 (one position), ", 1, 2, 2, 1, np.float64, 2 * ints(1, 3)),
+             (f"S=hd={sq} (square), ", 1, 2, 2, sq, np.float64, sq),
+             ("S above hd, ", 2, 1, 2, ints(9, 11), np.float64, 2)]
     cases = []
-    for what, B, G, r, S, dtype in plans:
-        hd = 2 * ints(1, 3)
+    for what, B, G, r, S, dtype, hd in plans:
         H = G * r
         q = randn(rng, (B, H, S, hd), dtype)  # (B, H, S, hd)
         k, v = (randn(rng, (B, G, S, hd), dtype) for _ in range(2))  # (B, G, S, hd) shared
         dout = randn(rng, (B, H, S, hd), dtype)  # (B, H, S, hd)
         cases.append(Case(f"{np.dtype(dtype).name}, {what}B={B}, H={H} query heads, G={G} kv "
                           f"heads, S={S}, hd={hd}", (dout, q, k, v)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "dout")
 
 
 def _gqa_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -267,7 +273,8 @@ GQA = Spec(
     reference=_gqa_reference,
     cases=_gqa_cases,
     seed=406,
-    summary="float64 and float32, 2 to 4 query heads per kv head, multi-query, one position",
+    summary="float64 and float32, 2 to 4 query heads per kv head, multi-query, one position, "
+            "square S = hd, S above hd, dout from 1e-3 to 1e2",
     mistakes=_gqa_mistakes,
     floor=lambda a: {"dq": amax(a[0], a[3], a[2]) * math.sqrt(a[1].shape[-1]),
                      "dk": amax(a[0], a[3], a[1]) * math.sqrt(a[1].shape[-1]) * a[1].shape[1],
