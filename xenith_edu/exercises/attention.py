@@ -170,8 +170,11 @@ ATTENTION = Spec(
             "scores from near 0 up to ~1.5e3",
     mistakes=_attention_mistakes,
     terms=_attention_terms,
-    hints=("out = P @ v with P = softmax(q k^T / sqrt(hd) + mask): a matmul's backward is two "
-           "matmuls with a transpose, and the softmax's backward is P * (dP - rowsum(P * dP)).",
+    hints=("Three rows of the duality table, in reverse order of the forward: out = P v and "
+           "the scores q k^T are matmuls (each gradient keeps the other factor, transposed, on "
+           "its own side); the softmax acts row by row, and its vector-Jacobian product "
+           "subtracts from each row of dP its average under the weights P; the masked entries "
+           "of P are 0, so no gradient crosses the mask.",
            "dv = P^T @ dout and dP = dout @ v^T; dscores = P * (dP - sum(P * dP, axis=-1, "
            "keepdims=True)); then dq = dscores @ k and dk = dscores^T @ q, each divided by "
            "sqrt(hd). The masked P is zero above the diagonal, so no gradient crosses the mask.",

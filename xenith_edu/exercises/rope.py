@@ -132,9 +132,9 @@ ROPE = Spec(
     single=True,
     mistakes=_rope_mistakes,
     terms=_rope_terms,
-    hints=("RoPE rotates each pair (u[2i], u[2i+1]) by an angle: the Jacobian J of a pair is "
-           "the rotation R(angle) itself, and du = du' J (the pair as a row vector) is the "
-           "rotation by -angle.",
+    hints=("RoPE is linear: each pair (u[2i], u[2i+1]) is multiplied by a 2 x 2 matrix R, so "
+           "its vector-Jacobian product multiplies the pair's gradient by the transpose of R. "
+           "What is the transpose of a rotation?",
            "a, b = du[..., 0::2], du[..., 1::2]; out[..., 0::2] = a * cos + b * sin; "
            "out[..., 1::2] = -a * sin + b * cos (the forward with sin negated).",
            "du_in[2i] = du[2i] cos + du[2i+1] sin; du_in[2i+1] = -du[2i] sin + du[2i+1] cos"),
