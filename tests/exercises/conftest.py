@@ -8,5 +8,5 @@ from xenith_edu.exercises.progress import PROGRESS_ENV
 
 
 @pytest.fixture(autouse=True)
-def _progress_elsewhere(tmp_path, monkeypatch):
-    monkeypatch.setenv(PROGRESS_ENV, str(tmp_path / "progress.json"))
+def _progress_elsewhere(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv(PROGRESS_ENV, str(tmp_path_factory.mktemp("progress") / "p.json"))

@@ -17,7 +17,7 @@ from .fit import Term, term
 from .kit import OVERFLOW, amax, fmt, int_sampler, magnitudes, randn, softmax64
 from .types import Case, CheckResult, Mistake, Spec
 
-# Shape legend: B batch, H heads, S positions, hd head width.
+# Shape legend: B batch, H heads (query heads), Hkv key/value heads, S positions, hd head width.
 
 
 def _attention_reference(dout, q, k, v) -> tuple:
@@ -198,12 +198,12 @@ def check_attention_backward(fn: Callable) -> CheckResult:
 
 def gqa_backward64(dout, q, k, v, group: str = "repeat", reduce: str = "sum",
                    masked: bool = True) -> dict:
-    """Grouped-query attention backward in float64: H query heads share G key/value heads.
+    """Grouped-query attention backward in float64: H query heads share Hkv key/value heads.
 
-    Query head h reads kv head h // (H // G) (consecutive query heads share, as LLaMA's
+    Query head h reads kv head h // (H // Hkv) (consecutive query heads share, as LLaMA's
     repeat_kv); the shared heads' gradients sum over the query heads that read them.
     """
-    H, G = q.shape[1], k.shape[1]
+    H, G = q.shape[1], k.shape[1]  # G = Hkv
     r = H // G
     expand = (lambda a: np.repeat(a, r, axis=1)) if group == "repeat" else (
         lambda a: np.tile(a, (1, r, 1, 1)))
@@ -211,7 +211,7 @@ def gqa_backward64(dout, q, k, v, group: str = "repeat", reduce: str = "sum",
     full = _attention_with(causal_probs(q, ke, masked), dout, q, ke, ve)
     B, _, S, hd = k.shape
 
-    def fold(d: np.ndarray) -> np.ndarray:  # (B, H, S, hd) -> (B, G, S, hd)
+    def fold(d: np.ndarray) -> np.ndarray:  # (B, H, S, hd) -> (B, Hkv, S, hd)
         d = d.reshape(B, G, r, S, hd) if group == "repeat" else \
             np.swapaxes(d.reshape(B, r, G, S, hd), 1, 2)
         return {"sum": d.sum(axis=2), "mean": d.mean(axis=2), "first": d[:, :, 0]}[reduce]
@@ -239,9 +239,9 @@ def _gqa_cases(rng: np.random.Generator) -> list[Case]:
     for what, B, G, r, S, dtype, hd in plans:
         H = G * r
         q = randn(rng, (B, H, S, hd), dtype)  # (B, H, S, hd)
-        k, v = (randn(rng, (B, G, S, hd), dtype) for _ in range(2))  # (B, G, S, hd) shared
+        k, v = (randn(rng, (B, G, S, hd), dtype) for _ in range(2))  # (B, Hkv, S, hd)
         dout = randn(rng, (B, H, S, hd), dtype)  # (B, H, S, hd)
-        cases.append(Case(f"{np.dtype(dtype).name}, {what}B={B}, H={H} query heads, G={G} kv "
+        cases.append(Case(f"{np.dtype(dtype).name}, {what}B={B}, H={H} query heads, Hkv={G} kv "
                           f"heads, S={S}, hd={hd}", (dout, q, k, v)))
     return cases + magnitudes(rng, cases[0], 0, "dout")
 
@@ -256,12 +256,12 @@ def _gqa_mistakes(args: tuple, exp: dict) -> list[Mistake]:
 
     return [
         ("dk and dv keep only one query head's gradient: each kv head is read by "
-         f"H // G = {r} query heads, so its gradient sums over all of them.",
+         f"H // Hkv = {r} query heads, so its gradient sums over all of them.",
          lambda: kv(reduce="first")),
         (f"dk and dv are averaged over the {r} query heads that share a kv head: a variable "
          "used several times gets the sum of its gradients.", lambda: kv(reduce="mean")),
-        ("the query heads are grouped the wrong way: query head h reads kv head h // (H // G) "
-         "(consecutive heads share, np.repeat), not h % G (np.tile).",
+        ("the query heads are grouped the wrong way: query head h reads kv head h // (H // Hkv) "
+         "(consecutive heads share, np.repeat), not h % Hkv (np.tile).",
          lambda: gqa_backward64(dout, q, k, v, group="tile")),
         (LEAK, lambda: gqa_backward64(dout, q, k, v, masked=False)),
     ]
@@ -282,15 +282,15 @@ GQA = Spec(
     floor=lambda a: {"dq": amax(a[0], a[3], a[2]) * math.sqrt(a[1].shape[-1]),
                      "dk": amax(a[0], a[3], a[1]) * math.sqrt(a[1].shape[-1]) * a[1].shape[1],
                      "dv": amax(a[0]) * a[1].shape[1]},
-    shape_hints={n: "One gradient per kv head: (B, G, S, hd), summed over the query heads that "
+    shape_hints={n: "One gradient per kv head: (B, Hkv, S, hd), summed over the query heads that "
                     "share it." for n in ("dk", "dv")},
 )
 
 
 def check_gqa_backward(fn: Callable) -> CheckResult:
-    """`fn(dout (B,H,S,hd), q (B,H,S,hd), k (B,G,S,hd), v (B,G,S,hd)) -> (dq, dk, dv)`.
+    """`fn(dout (B,H,S,hd), q (B,H,S,hd), k (B,Hkv,S,hd), v (B,Hkv,S,hd)) -> (dq, dk, dv)`.
 
-    Causal grouped-query attention: query head h attends with kv head h // (H // G).
+    Causal grouped-query attention: query head h attends with kv head h // (H // Hkv).
     See the "Causal attention" chapter.
     """
     return check(GQA, fn)

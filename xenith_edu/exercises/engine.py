@@ -357,6 +357,10 @@ def _failed_values(spec: Spec, i: int, n: int, first: _Judged, judged: list[_Jud
                    probes: list) -> tuple[str, list[str]]:
     """The verdict's text, and the likely mistakes it names (the report reads these)."""
     lines = list(first.lines)
+    if len(first.wrong) > 3:  # the first wrong output, in the spec's order; the rest by name
+        rest = first.wrong[1:]
+        lines = lines[:1] + [f"({len(rest)} more outputs are wrong: {', '.join(rest[:5])}"
+                             + (", ..." if len(rest) > 5 else "") + ".)"]
     right = [name for name in spec.out_names if name not in first.wrong]
     if len(right) > 6:
         lines.append(f"(The other {len(right)} outputs are right.)")
