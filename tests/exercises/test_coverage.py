@@ -100,19 +100,7 @@ KNOWN_HOLES: dict[str, tuple[str, ...]] = {
     "adamw_update": (
         "magnitudes up to 10 only", "non-square trailing shapes only", "sizes up to 8 only"),
     "attention_bias_backward": ("magnitudes from 0.5 only", "sizes up to 8 only"),
-    "backward_find_the_bug": (
-        "magnitudes from 0.5 only", "magnitudes up to 10 only", "sizes up to 8 only"),
-    "broadcast_backward": ("magnitudes from 0.5 only", "magnitudes up to 10 only"),
     "global_gradient": (
-        "magnitudes from 0.5 only", "magnitudes up to 10 only", "non-square trailing shapes only",
-        "sizes up to 8 only"),
-    "linear_backward": (
-        "magnitudes from 0.5 only", "magnitudes up to 10 only", "sizes up to 8 only"),
-    "residual_scale_backward": (
-        "magnitudes from 0.5 only", "magnitudes up to 10 only", "sizes up to 8 only"),
-    "rules_block": ("magnitudes up to 10 only",),
-    "softmax_merge": ("non-square trailing shapes only", "sizes up to 8 only"),
-    "softmax_rowsum": (
         "magnitudes from 0.5 only", "magnitudes up to 10 only", "non-square trailing shapes only",
         "sizes up to 8 only"),
     "wk_from_hf": ("magnitudes from 0.5 only", "magnitudes up to 10 only", "sizes from 3 only"),
