@@ -95,17 +95,7 @@ EXEMPT: dict[tuple[str, str], str] = {
 # Holes still open, by spec: each entry is asserted to be a hole still (a test below), so it
 # is removed the day the spec's cases reach that part of the axis.
 KNOWN_HOLES: dict[str, tuple[str, ...]] = {
-    "adam_l2_update": (
-        "magnitudes up to 10 only", "non-square trailing shapes only", "sizes up to 8 only"),
-    "adamw_update": (
-        "magnitudes up to 10 only", "non-square trailing shapes only", "sizes up to 8 only"),
-    "attention_bias_backward": ("magnitudes from 0.5 only", "sizes up to 8 only"),
-    "global_gradient": (
-        "magnitudes from 0.5 only", "magnitudes up to 10 only", "non-square trailing shapes only",
-        "sizes up to 8 only"),
     "wk_from_hf": ("magnitudes from 0.5 only", "magnitudes up to 10 only", "sizes from 3 only"),
-    "wq_from_rotate_half": (
-        "magnitudes from 0.5 only", "magnitudes up to 10 only", "sizes from 3 only"),
 }
 
 
