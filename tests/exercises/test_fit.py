@@ -6,6 +6,8 @@ the same change explains every case; hints come one step at a time, per exercise
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -69,7 +71,8 @@ def test_a_flipped_term_and_a_scale_are_named():
     result = _verdict("attention_backward", kw(_att, rowsum_sign=-1.0))
     assert "the term -(P * rowsum(P * dP)) @ k / sqrt(hd) has its sign flipped" in result.message
     result = _verdict("attention_backward", kw(_att, dk_noscale=True))
-    assert "dk as a whole is" in result.message and "sqrt(hd)" in result.message
+    assert re.search(r"dk (as a whole )?is [\d.]+ times too large", result.message) and \
+        "sqrt(hd)" in result.message, result.message
 
 
 def test_a_term_over_the_wrong_axis_is_named():
@@ -220,19 +223,19 @@ def test_hints_come_in_three_steps_per_exercise():
 def test_the_verdict_gives_the_next_hint(capsys):
     ex.forget_hints()
     result = ex.check_softmax_rowsum(lambda dout, out: np.sum(dout * out, axis=-2))
-    assert result.hint().startswith("Hint 1 of 3 (the rule)")
-    assert ex.hint("softmax_rowsum").startswith("Hint 2 of 3 (the line)")  # one count
+    assert result.hint().startswith("Hint 1 of 3 (a question)")
+    assert ex.hint("softmax_rowsum").startswith("Hint 2 of 3 (the rule)")  # one count
     third = result.hint()
-    assert "D = sum(dout * out, axis=-1)" in third and repr(third) == str(third)
+    assert third.startswith("Hint 3 of 3 (the line)") and repr(third) == str(third)
     ex.forget_hints()
 
 
-def test_a_spec_without_hints_gets_generic_ones_with_its_formula():
+def test_a_spec_without_hints_gets_generic_ones():
     ex.forget_hints()
     assert not ex.SPECS["silu_grad"].hints
     steps = [ex.hint("silu_grad") for _ in range(3)]
-    assert "dz = sigmoid(z) + z * sigmoid(z) * (1 - sigmoid(z))" in steps[2]
-    assert "reference is" in [ex.hint("gelu_mlp_backward") for _ in range(3)][2]
+    assert "dz" in steps[0] and "?" in steps[0]
+    assert "fan-in" in steps[1]
     ex.forget_hints()
 
 

@@ -149,7 +149,7 @@ def test_the_block_backward_is_the_gradient_of_the_loss() -> None:
 def test_a_right_answer_passes(capsys) -> None:
     result = check_rules_block(learner())
     assert result.passed and result.status == "passed", result.message
-    assert result.message.startswith("[passed] rules_block: all 6 cases")
+    assert result.message.startswith("[passed] rules_block: all 8 cases")
     assert capsys.readouterr().out.strip() == result.message
 
 

@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_classroom(sub)
     _add_chapters(sub)
     _add_course_tools(sub)
+    _add_progress(sub)
     return parser
 
 
@@ -139,6 +140,31 @@ def _cmd_gradescope(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: {len(parts)} notebook(s), {sum(len(p.points) for p in parts)} "
           f"exercise(s) worth {auto:g} points, {written:g} points of written answers; set "
           f"Gradescope's autograder timeout above {made.seconds:.0f} s")
+
+
+def _add_progress(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("progress", help="print your exercise progress: passed, attempts, hints",
+                       description="Print the table the chapters' checks record as you work: "
+                       "for each exercise, whether it passed, the attempts and the hints asked "
+                       "for.")
+    p.add_argument("--file", default=None, metavar="PATH",
+                   help="the progress file (default: $XENITH_EDU_PROGRESS, else "
+                   "xenith-edu-progress.json in the current folder)")
+    p.set_defaults(func=_cmd_progress)
+
+
+def _cmd_progress(args: argparse.Namespace) -> int:
+    from ..exercises import CHECKS, progress  # the exercise registry, only for this command
+
+    file = Path(args.file) if args.file else progress.path()
+    if file is None:
+        raise ValueError(f"progress is off ({progress.PROGRESS_ENV}=off): nothing is recorded")
+    if file.exists() and not file.is_file():
+        raise ValueError(f"--file: {file} is not a file")
+    if not file.exists():
+        print(f"No progress recorded yet in {file}: run a chapter's checks first.")
+        return 0
+    print(progress.table(progress.read(file), [(c, e) for e, (c, _) in CHECKS.items()]))
     return 0
 
 

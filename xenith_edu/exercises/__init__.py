@@ -3,9 +3,11 @@
 The floor is laid out as: `types` (`Spec`, `Case`, `CheckResult`, `Status`), `outcomes` (the one
 runner of a learner's function and its in-place rule, shared with the grader's sandbox worker),
 `validate` (the shape, dtype and type of what came back), `fit` (a wrong answer explained in the
-reference's own terms), `hints` (three hints per exercise, one at a time: `hint(id)`), `engine`
-(judging and diagnosing, the grade log), and one module per chapter, named by the chapter's slug
-in `xenith_edu.chapters`.
+reference's own terms), `changes` and `mutate` (a wrong answer named as one change of the
+reference, found among its mutants), `hints` (a question, the rule, the line, one at a time:
+`hint(id)`), `progress` (the learner's record: passed, attempts, hints), `engine` (judging and
+diagnosing, the grade log), and one module per chapter, named by the chapter's slug in
+`xenith_edu.chapters`.
 Each chapter module defines `SPECS` (a list of `Spec`) and one `check_<id>(fn)` per spec, listed
 in its `__all__`; this package imports them by name below, and gathers `SPECS` (id -> Spec) and
 `CHECKS` (id -> (chapter slug, check function)) in the registry's order.

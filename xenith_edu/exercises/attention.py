@@ -14,10 +14,10 @@ import numpy as np
 from ..attention import causal_attention_backward, causal_attention_forward
 from .engine import check
 from .fit import Term, term
-from .kit import OVERFLOW, amax, fmt, int_sampler, randn, softmax64
+from .kit import OVERFLOW, amax, fmt, int_sampler, magnitudes, randn, softmax64
 from .types import Case, CheckResult, Mistake, Spec
 
-# Shape legend: B batch, H heads, S positions, hd head width.
+# Shape legend: B batch, H heads (query heads), Hkv key/value heads, S positions, hd head width.
 
 
 def _attention_reference(dout, q, k, v) -> tuple:
@@ -30,11 +30,13 @@ def _attention_cases(rng: np.random.Generator) -> list[Case]:
 
     sq = 2 * ints(2, 3)
     shapes = [  # label, B, H, S, hd, dtype, scale of q and k
-        ("", ints(1, 2), ints(2, 3), ints(4, 6), 2 * ints(1, 3), np.float64, 1.0),
+        ("", ints(2, 3), ints(2, 3), ints(4, 6), 2 * ints(1, 3), np.float64, 1.0),
         ("", 1, ints(1, 2), ints(5, 7), 2 * ints(2, 4), np.float32, 1.0),
         ("S=1 (one position), ", ints(1, 2), 2, 1, 2 * ints(1, 3), np.float64, 1.0),
         (f"S=hd={sq} (square), ", 1, 2, sq, sq, np.float64, 1.0),
         ("large scores (up to ~1.5e3), ", 1, 2, ints(5, 7), 4, np.float64, 30.0),
+        ("small scores (weights near uniform), S above hd, ", 2, 1, ints(9, 12), 2 * ints(1, 2),
+         np.float64, 0.05),
     ]
     cases = []
     for what, B, H, S, hd, dtype, scale in shapes:
@@ -164,11 +166,15 @@ ATTENTION = Spec(
     reference=_attention_reference,
     cases=_attention_cases,
     seed=404,
-    summary="float64 and float32, S = 1 to 7, square S = hd, scores up to ~1.5e3",
+    summary="float64 and float32, B = 1 to 3 distinct sequences, S = 1 to 12, square S = hd, "
+            "scores from near 0 up to ~1.5e3",
     mistakes=_attention_mistakes,
     terms=_attention_terms,
-    hints=("out = P @ v with P = softmax(q k^T / sqrt(hd) + mask): a matmul's backward is two "
-           "matmuls with a transpose, and the softmax's backward is P * (dP - rowsum(P * dP)).",
+    hints=("Three rows of the duality table, in reverse order of the forward: out = P v and "
+           "the scores q k^T are matmuls (each gradient keeps the other factor, transposed, on "
+           "its own side); the softmax acts row by row, and its vector-Jacobian product "
+           "subtracts from each row of dP its average under the weights P; the masked entries "
+           "of P are 0, so no gradient crosses the mask.",
            "dv = P^T @ dout and dP = dout @ v^T; dscores = P * (dP - sum(P * dP, axis=-1, "
            "keepdims=True)); then dq = dscores @ k and dk = dscores^T @ q, each divided by "
            "sqrt(hd). The masked P is zero above the diagonal, so no gradient crosses the mask.",
@@ -192,12 +198,12 @@ def check_attention_backward(fn: Callable) -> CheckResult:
 
 def gqa_backward64(dout, q, k, v, group: str = "repeat", reduce: str = "sum",
                    masked: bool = True) -> dict:
-    """Grouped-query attention backward in float64: H query heads share G key/value heads.
+    """Grouped-query attention backward in float64: H query heads share Hkv key/value heads.
 
-    Query head h reads kv head h // (H // G) (consecutive query heads share, as LLaMA's
+    Query head h reads kv head h // (H // Hkv) (consecutive query heads share, as LLaMA's
     repeat_kv); the shared heads' gradients sum over the query heads that read them.
     """
-    H, G = q.shape[1], k.shape[1]
+    H, G = q.shape[1], k.shape[1]  # G = Hkv
     r = H // G
     expand = (lambda a: np.repeat(a, r, axis=1)) if group == "repeat" else (
         lambda a: np.tile(a, (1, r, 1, 1)))
@@ -205,7 +211,7 @@ def gqa_backward64(dout, q, k, v, group: str = "repeat", reduce: str = "sum",
     full = _attention_with(causal_probs(q, ke, masked), dout, q, ke, ve)
     B, _, S, hd = k.shape
 
-    def fold(d: np.ndarray) -> np.ndarray:  # (B, H, S, hd) -> (B, G, S, hd)
+    def fold(d: np.ndarray) -> np.ndarray:  # (B, H, S, hd) -> (B, Hkv, S, hd)
         d = d.reshape(B, G, r, S, hd) if group == "repeat" else \
             np.swapaxes(d.reshape(B, r, G, S, hd), 1, 2)
         return {"sum": d.sum(axis=2), "mean": d.mean(axis=2), "first": d[:, :, 0]}[reduce]
@@ -221,20 +227,23 @@ def _gqa_reference(dout, q, k, v) -> tuple:
 def _gqa_cases(rng: np.random.Generator) -> list[Case]:
     ints = int_sampler(rng)
 
-    plans = [("", ints(1, 2), ints(2, 3), ints(2, 3), ints(3, 6), np.float64),
-             ("", 1, 2, ints(2, 4), ints(4, 7), np.float32),
-             ("multi-query (one kv head), ", ints(1, 2), 1, ints(2, 4), ints(3, 5), np.float64),
-             ("S=1 (one position), ", 1, 2, 2, 1, np.float64)]
+    sq = 2 * ints(2, 3)
+    plans = [("", 2, ints(2, 3), ints(2, 3), ints(3, 6), np.float64, 2 * ints(1, 3)),
+             ("", 1, 2, ints(2, 4), ints(4, 7), np.float32, 2 * ints(1, 3)),
+             ("multi-query (one kv head), ", ints(1, 2), 1, ints(2, 4), ints(3, 5), np.float64,
+              2 * ints(1, 3)),
+             ("S=1 (one position), ", 1, 2, 2, 1, np.float64, 2 * ints(1, 3)),
+             (f"S=hd={sq} (square), ", 1, 2, 2, sq, np.float64, sq),
+             ("S above hd, ", 2, 1, 2, ints(9, 11), np.float64, 2)]
     cases = []
-    for what, B, G, r, S, dtype in plans:
-        hd = 2 * ints(1, 3)
+    for what, B, G, r, S, dtype, hd in plans:
         H = G * r
         q = randn(rng, (B, H, S, hd), dtype)  # (B, H, S, hd)
-        k, v = (randn(rng, (B, G, S, hd), dtype) for _ in range(2))  # (B, G, S, hd) shared
+        k, v = (randn(rng, (B, G, S, hd), dtype) for _ in range(2))  # (B, Hkv, S, hd)
         dout = randn(rng, (B, H, S, hd), dtype)  # (B, H, S, hd)
-        cases.append(Case(f"{np.dtype(dtype).name}, {what}B={B}, H={H} query heads, G={G} kv "
+        cases.append(Case(f"{np.dtype(dtype).name}, {what}B={B}, H={H} query heads, Hkv={G} kv "
                           f"heads, S={S}, hd={hd}", (dout, q, k, v)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "dout")
 
 
 def _gqa_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -247,12 +256,12 @@ def _gqa_mistakes(args: tuple, exp: dict) -> list[Mistake]:
 
     return [
         ("dk and dv keep only one query head's gradient: each kv head is read by "
-         f"H // G = {r} query heads, so its gradient sums over all of them.",
+         f"H // Hkv = {r} query heads, so its gradient sums over all of them.",
          lambda: kv(reduce="first")),
         (f"dk and dv are averaged over the {r} query heads that share a kv head: a variable "
          "used several times gets the sum of its gradients.", lambda: kv(reduce="mean")),
-        ("the query heads are grouped the wrong way: query head h reads kv head h // (H // G) "
-         "(consecutive heads share, np.repeat), not h % G (np.tile).",
+        ("the query heads are grouped the wrong way: query head h reads kv head h // (H // Hkv) "
+         "(consecutive heads share, np.repeat), not h % Hkv (np.tile).",
          lambda: gqa_backward64(dout, q, k, v, group="tile")),
         (LEAK, lambda: gqa_backward64(dout, q, k, v, masked=False)),
     ]
@@ -267,20 +276,21 @@ GQA = Spec(
     reference=_gqa_reference,
     cases=_gqa_cases,
     seed=406,
-    summary="float64 and float32, 2 to 4 query heads per kv head, multi-query, one position",
+    summary="float64 and float32, 2 to 4 query heads per kv head, multi-query, one position, "
+            "square S = hd, S above hd, dout from 1e-3 to 1e2",
     mistakes=_gqa_mistakes,
     floor=lambda a: {"dq": amax(a[0], a[3], a[2]) * math.sqrt(a[1].shape[-1]),
                      "dk": amax(a[0], a[3], a[1]) * math.sqrt(a[1].shape[-1]) * a[1].shape[1],
                      "dv": amax(a[0]) * a[1].shape[1]},
-    shape_hints={n: "One gradient per kv head: (B, G, S, hd), summed over the query heads that "
+    shape_hints={n: "One gradient per kv head: (B, Hkv, S, hd), summed over the query heads that "
                     "share it." for n in ("dk", "dv")},
 )
 
 
 def check_gqa_backward(fn: Callable) -> CheckResult:
-    """`fn(dout (B,H,S,hd), q (B,H,S,hd), k (B,G,S,hd), v (B,G,S,hd)) -> (dq, dk, dv)`.
+    """`fn(dout (B,H,S,hd), q (B,H,S,hd), k (B,Hkv,S,hd), v (B,Hkv,S,hd)) -> (dq, dk, dv)`.
 
-    Causal grouped-query attention: query head h attends with kv head h // (H // G).
+    Causal grouped-query attention: query head h attends with kv head h // (H // Hkv).
     See the "Causal attention" chapter.
     """
     return check(GQA, fn)

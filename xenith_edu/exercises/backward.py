@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .engine import check
-from .kit import amax, int_sampler, log_uniform, randn, rms_parts
+from .kit import amax, int_sampler, log_uniform, magnitudes, randn, rms_parts
 from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: N positions, n inputs, m outputs of a linear layer Y = X @ W.
@@ -26,6 +26,7 @@ def _linear_cases(rng: np.random.Generator) -> list[Case]:
         ("", ints(4, 6), ints(3, 5), ints(2, 3), np.float32),
         ("N=1 (one position), ", 1, ints(2, 4), ints(2, 3), np.float64),
         (f"N=n=m={sq} (square)", sq, sq, sq, np.float64),
+        ("", ints(9, 12), ints(3, 5), ints(10, 14), np.float64),
     ]
     cases = []
     for what, N, n, m, dtype in shapes:
@@ -35,7 +36,7 @@ def _linear_cases(rng: np.random.Generator) -> list[Case]:
         label = what if what.endswith(")") else f"{what}N={N}, n={n}, m={m}"
         label = label.replace("(one position), N=1, ", "(one position), ")
         cases.append(Case(f"{np.dtype(dtype).name}, {label}", (dY, X, W)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "dY")
 
 
 LINEAR = Spec(
@@ -47,7 +48,7 @@ LINEAR = Spec(
     reference=lambda dY, X, W: (dY @ W.T, X.T @ dY),
     cases=_linear_cases,
     seed=707,
-    summary="float64 and float32, N = 1 to 6, a square case",
+    summary="float64 and float32, N = 1 to 12, a square case, dY from 1e-3 to 1e2",
     mistakes=lambda args, exp: [
         ("dX = dY @ W.T: W needs the transpose.", lambda: {"dX": args[0] @ args[2]}),
         ("dW = X.T @ dY (shape (n, m), like W); dY.T @ X is its transpose.",
@@ -101,7 +102,8 @@ def _residual_cases(rng: np.random.Generator) -> list[Case]:
     cases = []
     for what, N, d, dtype in [("", ints(3, 6), ints(3, 6), np.float64),
                               ("", ints(3, 6), ints(4, 8), np.float32),
-                              ("N=1 (one position), ", 1, ints(3, 5), np.float64)]:
+                              ("N=1 (one position), ", 1, ints(3, 5), np.float64),
+                              ("", ints(9, 12), ints(3, 5), np.float64)]:
         alpha, eps = float(rng.uniform(0.1, 2.0)), log_uniform(rng, 1e-6, 1e-4)
         h = randn(rng, (N, d), dtype)  # (N, d)
         w = (1.0 + 0.3 * rng.standard_normal(d)).astype(dtype)  # (d,)
@@ -110,7 +112,7 @@ def _residual_cases(rng: np.random.Generator) -> list[Case]:
         label = f"{what}N={N}, d={d}".replace("(one position), N=1, ", "(one position), ")
         cases.append(Case(f"{np.dtype(dtype).name}, {label}, alpha={alpha:.3f}, eps={eps:.1e}",
                           (dout, h, w, W, alpha, eps)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "dout")
 
 
 def _residual_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -143,7 +145,8 @@ RESIDUAL = Spec(
     reference=_residual_reference,
     cases=_residual_cases,
     seed=708,
-    summary="float64 and float32, one position, alpha 0.1 to 2",
+    summary="float64 and float32, one position, N up to 12, alpha 0.1 to 2, dout from 1e-3 to "
+            "1e2",
     mistakes=_residual_mistakes,
     floor=lambda a: {"dh": amax(a[0]) * (1 + a[4] * amax(a[2], a[3]) * a[1].shape[1]),
                      "dw": a[4] * a[1].shape[0] * amax(a[0], a[3]),
@@ -212,7 +215,7 @@ def _stack_cases(rng: np.random.Generator) -> list[Case]:
     cases = []
     for N, d, L, dtype in [(ints(3, 5), ints(3, 6), ints(2, 3), np.float64),
                            (ints(2, 5), ints(3, 6), ints(2, 3), np.float32),
-                           (1, ints(3, 5), 1, np.float64)]:
+                           (1, ints(3, 5), 1, np.float64), (ints(9, 12), 3, 2, np.float64)]:
         eps = log_uniform(rng, 1e-6, 1e-4)
         h = randn(rng, (N, d), dtype)  # (N, d)
         w = (1.0 + 0.3 * rng.standard_normal((L, d))).astype(dtype)  # (L, d)
@@ -220,7 +223,7 @@ def _stack_cases(rng: np.random.Generator) -> list[Case]:
         dout = randn(rng, (N, d), dtype)  # (N, d)
         cases.append(Case(f"{np.dtype(dtype).name}, N={N}, d={d}, L={L} layers, eps={eps:.1e}",
                           (dout, h, w, W, eps)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "dout")
 
 
 STACK_BUG = Spec(
@@ -232,7 +235,8 @@ STACK_BUG = Spec(
     reference=_stack_reference,
     cases=_stack_cases,
     seed=709,
-    summary="float64 and float32, one to three layers, one position",
+    summary="float64 and float32, one to three layers, one position, N up to 12, dout from "
+            "1e-3 to 1e2",
     per_layer=("dw", "dW"),
     mistakes=lambda args, exp: [
         ("this is still what the given code computes: its bug is not fixed yet (the last "

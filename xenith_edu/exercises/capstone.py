@@ -14,7 +14,7 @@ import numpy as np
 from ..rope import rope_tables
 from . import engine
 from .engine import check
-from .kit import amax, int_sampler, randn
+from .kit import amax, int_sampler, magnitudes, randn
 from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: S positions (one sequence), d width (one head of width d, even), f SwiGLU
@@ -238,7 +238,7 @@ def _cases(rng: np.random.Generator) -> list[Case]:
         label = f"{np.dtype(dtype).name}, {what}S={S}, d={d}, f={f}, V={V}, eps={eps:.1e}"
         cases.append(Case(label, (tokens, wte, g1, wq, wk, wv, wo, g2, w1, w3, w2,
                                   cos.astype(dtype), sin.astype(dtype), dy, eps)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 13, "dy")
 
 
 def _mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -327,7 +327,7 @@ LAYER = Spec(
     cases=_cases,
     seed=2601,
     summary="float64 and float32, S = 1 to 8, a token repeated, the max-subtracted causal "
-            "softmax, RoPE, SwiGLU and both residuals",
+            "softmax, RoPE, SwiGLU and both residuals, dy from 1e-3 to 1e2",
     mistakes=_mistakes,
     diagnose=_first_wrong,
     floor=_floor,

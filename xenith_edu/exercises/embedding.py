@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .engine import check, close
-from .kit import amax, int_sampler, randn
+from .kit import amax, int_sampler, magnitudes, randn
 from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: B batch, S positions, N = B*S positions, d width, V vocab.
@@ -33,6 +33,7 @@ def token_cases(rng: np.random.Generator) -> list[tuple[str, np.ndarray, int, in
     B2, S2, V2, d2 = ints(2, 4), ints(3, 5), ints(8, 12), ints(4, 6)
     B3, S3, V3 = ints(1, 2), ints(3, 4), ints(4, 6)
     V4, d4 = 2 * ints(2, 4), ints(3, 5)
+    S5, V5 = ints(9, 12), ints(14, 24)  # longer than the rest, and d = S (a square dh[b])
     return [
         (f"float64, B={B1}, S={S1}, V={V1}, d={d1}, repeated tokens",
          rng.integers(0, 4, size=(B1, S1)), V1, d1, np.float64),
@@ -44,6 +45,8 @@ def token_cases(rng: np.random.Generator) -> list[tuple[str, np.ndarray, int, in
          np.full((B3, S3), ints(0, V3 - 1)), V3, d4, np.float64),
         (f"float64, all tokens distinct, B=2, S={V4 // 2}, V={V4}, d={d4}",
          rng.permutation(V4).reshape(2, V4 // 2), V4, d4, np.float64),
+        (f"float64, longer, B=2, S={S5}, V={V5}, d={S5}", rng.integers(0, V5, size=(2, S5)),
+         V5, S5, np.float64),
     ]
 
 
@@ -52,7 +55,7 @@ def _embedding_cases(rng: np.random.Generator) -> list[Case]:
     for label, x, V, d, dtype in token_cases(rng):
         dh = randn(rng, x.shape + (d,), dtype)  # (B, S, d)
         cases.append(Case(label, (x, dh, V)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 1, "dh")
 
 
 def repeats_diagnose(x: np.ndarray, dh: np.ndarray, V: int, got: np.ndarray, exp: np.ndarray,
@@ -101,7 +104,7 @@ EMBEDDING = Spec(
     cases=_embedding_cases,
     seed=606,
     summary="float64 and float32, repeated tokens, one token, one token repeated everywhere, "
-            "unused vocabulary rows",
+            "unused vocabulary rows, S up to 12, dh from 1e-3 to 1e2",
     single=True,
     diagnose=_embedding_diagnose,
     floor=lambda a: {"dwte": amax(a[1])},
@@ -126,7 +129,7 @@ def _tied_cases(rng: np.random.Generator) -> list[Case]:
         dlogits = randn(rng, (N, V), dtype, 0.5)  # (N, V)
         xf = randn(rng, (N, d), dtype)  # (N, d)
         cases.append(Case(label, (x, dh, dlogits, xf, V)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 2, "dlogits")
 
 
 def _tied_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -158,7 +161,8 @@ TIED = Spec(
     reference=lambda x, dh, dl, xf, V: (package_embedding_backward(x, dh, V) + dl.T @ xf,),
     cases=_tied_cases,
     seed=607,
-    summary="float64 and float32, repeated tokens, one token, unused vocabulary rows",
+    summary="float64 and float32, repeated tokens, one token, unused vocabulary rows, S up to "
+            "12, dlogits from 1e-3 to 1e2",
     single=True,
     mistakes=_tied_mistakes,
     diagnose=_tied_diagnose,
@@ -192,7 +196,7 @@ def _pos_cases(rng: np.random.Generator) -> list[Case]:
         block = S + int(rng.integers(0, 4))
         dh = randn(rng, x.shape + (d,), dtype)  # (B, S, d)
         cases.append(Case(f"{label}, block_size={block}", (x, dh, V, block)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 1, "dh")
 
 
 def _pos_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -226,7 +230,8 @@ POSITION = Spec(
     reference=_pos_reference,
     cases=_pos_cases,
     seed=608,
-    summary="float64 and float32, repeated tokens, one token, tables longer than the sequence",
+    summary="float64 and float32, repeated tokens, one token, tables longer than the sequence, "
+            "S up to 12, dh from 1e-3 to 1e2",
     mistakes=_pos_mistakes,
     diagnose=_pos_diagnose,
     floor=lambda a: {"dwte": amax(a[1]), "dwpe": amax(a[1])},

@@ -16,9 +16,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .fit import explain, keepdims_slip
-from .hints import steps
+from .hints import keep, steps
 from .kit import fmt, fmt_pair
+from .mutate import explain as from_mutants
 from .outcomes import NotCallable, run
+from .progress import record
 from .types import Case, CheckResult, Spec, Status
 from .validate import Stop, records, unpack, validate
 
@@ -33,6 +35,8 @@ TOLERANCE = {np.dtype(np.float64): 1e-8, np.dtype(np.float32): 1e-4}
 
 CANNOT = ("No mistake the check knows of fits this answer, so it cannot name it: compare each "
           "line with the derivation, one output at a time.")
+ASK = ("\n  For a hint (a question, then the rule, then the line), run "
+       "`from xenith_edu.exercises import hint; hint(\"{id}\")`; run it again for the next.")
 NAN_HINT = ("NaN comes from 0/0, inf - inf, 0 * inf, or sqrt/log of a negative number: print "
             "the intermediate arrays of this case to find the first one that goes wrong.")
 
@@ -275,6 +279,11 @@ def _likely(spec: Spec, first: _Judged, others: list[_Judged], probes: list) -> 
             except Exception:
                 pass
         if not likely:
+            try:  # the one change of the reference that gives the learner's outputs
+                likely += from_mutants(spec, [first] + others, close)
+            except Exception:
+                pass
+        if not likely:
             try:
                 factors = spec.factors(first.args64) if spec.factors else {}
                 for name in first.wrong:
@@ -348,8 +357,14 @@ def _failed_values(spec: Spec, i: int, n: int, first: _Judged, judged: list[_Jud
                    probes: list) -> tuple[str, list[str]]:
     """The verdict's text, and the likely mistakes it names (the report reads these)."""
     lines = list(first.lines)
+    if len(first.wrong) > 3:  # the first wrong output, in the spec's order; the rest by name
+        rest = first.wrong[1:]
+        lines = lines[:1] + [f"({len(rest)} more outputs are wrong: {', '.join(rest[:5])}"
+                             + (", ..." if len(rest) > 5 else "") + ".)"]
     right = [name for name in spec.out_names if name not in first.wrong]
-    if right:
+    if len(right) > 6:
+        lines.append(f"(The other {len(right)} outputs are right.)")
+    elif right:
         lines.append(f"({', '.join(right)} {'is' if len(right) == 1 else 'are'} right.)")
     # a NaN or inf line carries its own hint; the outputs it spoils are not a new mistake
     not_finite = any(not np.all(np.isfinite(np.asarray(first.got[w], dtype=np.float64)))
@@ -396,7 +411,12 @@ def check(spec: Spec, fn: object, rng: np.random.Generator | None = None) -> Che
         calls = [(inputs[0], run(fn, ()))]
     else:
         calls = [(case, run(fn, case.args)) for case in inputs]
-    result = replace(judge(spec, calls, _fn_name(fn)), hints=steps(spec))
+    result = judge(spec, calls, _fn_name(fn))
+    result = replace(result, hints=steps(spec, result.mistakes))
+    keep(spec.id, result.hints)
+    if result.status == Status.FAILED:
+        result = replace(result, message=result.message + ASK.format(id=spec.id))
     print(result.message)
     log(result)
+    record(spec.id, str(result.status))
     return result

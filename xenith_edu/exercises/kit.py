@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .types import Case
+
 
 def int_sampler(rng: np.random.Generator) -> Callable[[int, int], int]:
     """`ints(lo, hi)`: a uniform integer in [lo, hi], both ends included, drawn from `rng`."""
@@ -67,3 +69,20 @@ def rms_parts(x: np.ndarray, eps: float, axis: int = -1) -> tuple[np.ndarray, np
     """(xhat, rstd) of RMSNorm along `axis`, the float64 reference of the RMSNorm chapter."""
     rstd = 1.0 / np.sqrt(np.mean(x * x, axis=axis, keepdims=True) + eps)
     return x * rstd, rstd
+
+
+def rescaled(case: Case, index: int, factor: float, what: str) -> Case:
+    """The case with its float argument number `index` multiplied by `factor` (same dtype): the
+    same sizes at another magnitude, so that no check holds only for inputs near 1."""
+    args = list(case.args)
+    a = args[index]
+    args[index] = (a.astype(np.float64) * factor).astype(a.dtype)
+    return Case(f"{case.label}, {what}", tuple(args), case.overflow_hint)
+
+
+def magnitudes(rng: np.random.Generator, case: Case, index: int, name: str) -> list[Case]:
+    """Two rescaled copies of `case`: argument `index` (called `name`) around 1e2, and 1e-2
+    to 1e-3 of its size; a gradient's argument is linear, so both are as valid as the case."""
+    big, small = log_uniform(rng, 30.0, 100.0), log_uniform(rng, 1e-3, 1e-2)
+    return [rescaled(case, index, big, f"{name} scaled by {big:.0f}"),
+            rescaled(case, index, small, f"{name} scaled by {small:.0e}")]

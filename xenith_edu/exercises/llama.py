@@ -25,14 +25,18 @@ from .types import Case, CheckResult, Mistake, Spec
 def _padded_cases(rng: np.random.Generator) -> list[Case]:
     ints = int_sampler(rng)
     cases = []
-    for what, N, V, dtype, ignore, n_pad in (
-            ("", ints(6, 10), ints(6, 12), np.float64, "pad", 3),
-            ("", ints(5, 9), ints(5, 10), np.float32, "pad", 2),
-            ("ignore_index = -100 (outside the vocabulary), ", ints(5, 9), ints(4, 8),
-             np.float64, -100, 2),
-            ("no padding, ", ints(3, 6), ints(4, 8), np.float64, "pad", 0),
-            ("one position counts, ", ints(4, 7), ints(4, 8), np.float64, "pad", -1)):
-        logits = randn(rng, (N, V), dtype, 2.0)  # (N, V)
+    n_eq = ints(5, 9)  # N = V: a row sum broadcast along the wrong axis fits the shapes
+    big = float(rng.uniform(750, 850))  # exp overflows past ~709 without the max subtracted
+    for what, N, V, dtype, ignore, n_pad, scale, shift in (
+            ("", ints(6, 10), ints(9, 12), np.float64, "pad", 3, 2.0, 0.0),
+            ("N = V, ", n_eq, n_eq, np.float32, "pad", 2, 2.0, 0.0),
+            ("ignore_index = -100 (outside the vocabulary), small logits, ", ints(5, 9),
+             ints(4, 8), np.float64, -100, 2, 0.02, 0.0),
+            ("no padding, large logits, ", ints(3, 6), ints(4, 8), np.float64, "pad", 0, 5.0,
+             big),
+            ("one position counts, two tokens, ", ints(4, 7), 2, np.float64, "pad", -1, 2.0,
+             0.0)):
+        logits = randn(rng, (N, V), dtype, scale) + dtype(shift)  # (N, V)
         ignore_index = int(rng.integers(0, V)) if ignore == "pad" else ignore
         targets = rng.integers(0, V, size=N)  # (N,)
         targets[targets == ignore_index] = (ignore_index + 1) % V  # padding only where placed

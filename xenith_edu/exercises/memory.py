@@ -13,7 +13,7 @@ import numpy as np
 from ..attention import causal_attention_forward
 from .engine import check
 from .fit import Term, term
-from .kit import OVERFLOW, amax, int_sampler, randn
+from .kit import OVERFLOW, amax, int_sampler, magnitudes, randn
 from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: R rows (queries), b1, b2 keys of two blocks, B batch, H heads, S positions,
@@ -55,10 +55,13 @@ def _merge_cases(rng: np.random.Generator) -> list[Case]:
         ("float64, both blocks share each row's max", np.float64, 1.0, "tie"),
         ("float64, block 2 fully masked (m2 = -inf, sigma2 = 0, o2 = 0)", np.float64, 1.0,
          "masked"),
+        ("float64, more rows, R = hd (square o)", np.float64, 1.0, "square"),
     ]
     for label, dtype, scale, how in settings:
         # two keys per block at least: a block of one key has sigma = 1, where sigma-slips hide
         R, hd, b1, b2 = ints(2, 5), ints(2, 5), ints(2, 4), ints(2, 4)
+        if how == "square":
+            R = hd = ints(9, 11)
         shift = 12 * scale if scale > 1 else 0.0  # large scores: 1200 +- 300, exp(z) = inf
         z1 = randn(rng, (R, b1), scale=scale) + shift  # (R, b1) block 1's scores
         z2 = randn(rng, (R, b2), scale=scale) + shift  # (R, b2)
@@ -158,7 +161,8 @@ MERGE = Spec(
     reference=merge_reference,
     cases=_merge_cases,
     seed=1201,
-    summary="float64 and float32, maxima above 700, a shared max, a fully masked block",
+    summary="float64 and float32, maxima above 700, a shared max, a fully masked block, a "
+            "square o with 9 to 11 rows",
     mistakes=_merge_mistakes,
     terms=_merge_terms,
     hints=("Each block's sigma and o were computed against its own max m_k; against the new max "
@@ -198,7 +202,11 @@ def _rowsum_cases(rng: np.random.Generator) -> list[Case]:
         q, k, v, dout = (randn(rng, (B, H, S, hd), dtype) for _ in range(4))
         out, _ = causal_attention_forward(q, k, v)  # (B, H, S, hd) a real attention output
         cases.append(Case(f"{label}, B={B}, H={H}, S={S}, hd={hd}", (dout, out)))
-    return cases
+    sq = ints(9, 11)  # S = hd: a sum over the positions has the shape of the right answer
+    q, k, v, dout = (randn(rng, (2, 2, sq, sq)) for _ in range(4))
+    out, _ = causal_attention_forward(q, k, v)  # (B, H, S, hd)
+    cases.append(Case(f"float64, S = hd = {sq} (square), B=2, H=2", (dout, out)))
+    return cases + magnitudes(rng, cases[0], 0, "dout")
 
 
 def _rowsum_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -224,7 +232,8 @@ ROWSUM = Spec(
     reference=rowsum_reference,
     cases=_rowsum_cases,
     seed=1202,
-    summary="float64 and float32, S = 1 to 7, outputs of real causal attention",
+    summary="float64 and float32, S = 1 to 11, S = hd, outputs of real causal attention, dout "
+            "from 1e-3 to 1e2",
     single=True,
     mistakes=_rowsum_mistakes,
     terms=lambda a: {"D": [Term("sum(dout * out, axis=-1)", np.sum(a[0] * a[1], axis=-1))]},

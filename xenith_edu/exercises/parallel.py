@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .engine import check
-from .kit import amax, randn
+from .kit import amax, magnitudes, randn
 from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: K ranks (shards), n_r positions of shard r, N = sum of n_r; a gradient has the
@@ -25,11 +25,13 @@ def global_gradient_reference(shard_grads: np.ndarray, shard_sizes: np.ndarray) 
 
 def _gradient_cases(rng: np.random.Generator) -> list[Case]:
     cases = []
+    sq = int(rng.integers(9, 11))
     plans = [  # K, equal shards?, dtype, shape of one gradient
         (int(rng.integers(2, 5)), True, np.float64, (int(rng.integers(2, 5)), 3)),
         (int(rng.integers(3, 7)), False, np.float64, (int(rng.integers(3, 7)),)),
         (int(rng.integers(2, 4)), False, np.float32, (2, int(rng.integers(2, 4)), 3)),
         (1, True, np.float64, (4,)),
+        (int(rng.integers(2, 4)), False, np.float64, (sq, sq)),  # a square gradient, 9 to 10
     ]
     for K, equal, dtype, shape in plans:
         n = int(rng.integers(8, 65))
@@ -41,7 +43,7 @@ def _gradient_cases(rng: np.random.Generator) -> list[Case]:
         cases.append(Case(f"{np.dtype(dtype).name}, K={K} {what} of {sizes.tolist()} "
                           f"positions, gradients of shape {shape}",
                           (grads, sizes.astype(np.int64))))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "grads")
 
 
 def _gradient_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -73,7 +75,8 @@ GLOBAL_GRADIENT = Spec(
     reference=global_gradient_reference,
     cases=_gradient_cases,
     seed=1301,
-    summary="equal and unequal shards, one shard alone, float32 and float64",
+    summary="equal and unequal shards, one shard alone, float32 and float64, a square gradient, "
+            "gradients from 1e-3 to 1e2",
     single=True,
     mistakes=_gradient_mistakes,
     floor=lambda a: {"grad": amax(a[0])},

@@ -12,7 +12,7 @@ import numpy as np
 from ..rmsnorm import rmsnorm_backward, rmsnorm_forward
 from .engine import check
 from .fit import Term, term
-from .kit import amax, int_sampler, log_uniform, randn, rms_parts
+from .kit import amax, int_sampler, log_uniform, magnitudes, randn, rms_parts
 from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: N positions, d width.
@@ -44,7 +44,7 @@ def _rmsnorm_cases(rng: np.random.Generator) -> list[Case]:
         label = what if what.endswith(")") else f"{what}N={N}, d={d}"
         label = label.replace("(one position), N=1, ", "(one position), ")
         cases.append(Case(f"{np.dtype(dtype).name}, {label}, eps={eps:.1e}", (dy, x, w, eps)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "dy")
 
 
 def _rmsnorm_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -128,7 +128,7 @@ RMSNORM = Spec(
     cases=_rmsnorm_cases,
     seed=303,
     summary="float64 and float32, N = 1 to 6, a square and a random shape, small inputs "
-            "where eps matters",
+            "where eps matters, dy from 1e-3 to 1e2",
     mistakes=_rmsnorm_mistakes,
     terms=_rmsnorm_terms,
     hints=("y = xhat * w with xhat = x * rstd, and rstd depends on the whole row: dx gets the "
@@ -174,11 +174,13 @@ def _ln_reference(dy, x, w, b, eps) -> tuple:
 
 def _ln_cases(rng: np.random.Generator) -> list[Case]:
     ints = int_sampler(rng)
+    sq = ints(4, 7)
 
     plans = [("", ints(3, 6), ints(5, 9), np.float64, 1.0, 2.0),
              ("", ints(3, 6), ints(10, 16), np.float32, 1.0, 1.0),
              ("N=1 (one position), ", 1, ints(4, 8), np.float64, 1.0, 3.0),
-             ("small inputs where eps matters, ", ints(2, 4), ints(4, 6), np.float64, 0.01, 0.0)]
+             ("small inputs where eps matters, ", ints(2, 4), ints(4, 6), np.float64, 0.01, 0.0),
+             ("N=d (square), ", sq, sq, np.float64, 1.0, 1.0)]
     cases = []
     for what, N, d, dtype, scale, offset in plans:
         eps = log_uniform(rng, 1e-6, 1e-4)
@@ -190,7 +192,7 @@ def _ln_cases(rng: np.random.Generator) -> list[Case]:
         label = f"{what}N={N}, d={d}".replace("(one position), N=1, ", "(one position), ")
         cases.append(Case(f"{np.dtype(dtype).name}, {label}, eps={eps:.1e}",
                           (dy, x, w, b, eps)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "dy")
 
 
 def _ln_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -252,7 +254,7 @@ LAYERNORM = Spec(
     cases=_ln_cases,
     seed=305,
     summary="float64 and float32, rows with a mean of their own, one position, small inputs "
-            "where eps matters",
+            "where eps matters, a square x, dy from 1e-3 to 1e2",
     mistakes=_ln_mistakes,
     terms=_ln_terms,
     factors=lambda a: {f"N = {a[1].shape[0]}": float(a[1].shape[0]),
@@ -284,14 +286,15 @@ def _scale_cases(rng: np.random.Generator) -> list[Case]:
     cases = []
     for what, N, d, dtype in [("", ints(3, 6), ints(4, 10), np.float64),
                               ("", ints(3, 6), ints(8, 16), np.float32),
-                              ("N=1 (one position), ", 1, ints(4, 8), np.float64)]:
+                              ("N=1 (one position), ", 1, ints(4, 8), np.float64),
+                              ("N=d (square), ", 5, 5, np.float64)]:
         eps = log_uniform(rng, 1e-6, 1e-3)
         x = randn(rng, (N, d), dtype, np.sqrt(eps) * float(rng.uniform(0.3, 3)))  # (N, d)
         w = (1.0 + 0.5 * rng.standard_normal(d)).astype(dtype)  # (d,)
         dy = randn(rng, (N, d), dtype)  # (N, d)
         label = f"{what}N={N}, d={d}".replace("(one position), N=1, ", "(one position), ")
         cases.append(Case(f"{np.dtype(dtype).name}, {label}, eps={eps:.1e}", (dy, x, w, eps)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "dy")
 
 
 def _scale_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -325,7 +328,8 @@ RMSNORM_SCALE = Spec(
     reference=_scale_reference,
     cases=_scale_cases,
     seed=306,
-    summary="float64 and float32, one position, inputs of the size of sqrt(eps)",
+    summary="float64 and float32, one position, a square x, inputs of the size of sqrt(eps), dy "
+            "from 1e-3 to 1e2",
     single=True,
     mistakes=_scale_mistakes,
     # the terms of sum(x * dx): d products of x and dx ~ rstd * dy * w

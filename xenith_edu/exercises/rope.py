@@ -12,7 +12,7 @@ import numpy as np
 from ..rope import rope_tables
 from .engine import check
 from .fit import Term
-from .kit import amax, int_sampler, log_uniform, randn
+from .kit import amax, int_sampler, log_uniform, magnitudes, randn
 from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: B batch, H heads, S positions, hd head width (even).
@@ -32,6 +32,7 @@ def tables(S: int, hd: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
 
 def _rope_cases(rng: np.random.Generator) -> list[Case]:
     ints = int_sampler(rng)
+    sq = ints(2, 4)
 
     shapes = [  # label, shape, dtype, theta
         ("", (ints(4, 8), 2 * ints(2, 5)), np.float64, log_uniform(rng, 1e3, 1e5)),
@@ -40,13 +41,14 @@ def _rope_cases(rng: np.random.Generator) -> list[Case]:
          log_uniform(rng, 1e3, 1e5)),
         ("", (ints(2, 4), ints(5, 8), 2), np.float64, log_uniform(rng, 1e3, 1e5)),
         ("long sequence, ", (2, ints(48, 64), 16), np.float64, log_uniform(rng, 50, 200)),
+        ("S=hd (square), ", (2, 2 * sq, 2 * sq), np.float64, log_uniform(rng, 1e3, 1e5)),
     ]
     cases = []
     for what, shape, dtype, theta in shapes:
         cos, sin = tables(shape[-2], shape[-1], theta)  # (S, hd/2) each
         label = f"{np.dtype(dtype).name}, {what}du {shape}, theta={theta:.4g}"
         cases.append(Case(label, (randn(rng, shape, dtype), cos, sin)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "du")
 
 
 def pairs(u: np.ndarray, c: np.ndarray, s: np.ndarray) -> np.ndarray:
@@ -126,13 +128,13 @@ ROPE = Spec(
     reference=lambda du, cos, sin: (package_rope_backward(du, cos, sin),),
     cases=_rope_cases,
     seed=505,
-    summary="float64 and float32, 2-D to 4-D, S = 1 to 64",
+    summary="float64 and float32, 2-D to 4-D, S = 1 to 64, square S = hd, du from 1e-3 to 1e2",
     single=True,
     mistakes=_rope_mistakes,
     terms=_rope_terms,
-    hints=("RoPE rotates each pair (u[2i], u[2i+1]) by an angle: the Jacobian J of a pair is "
-           "the rotation R(angle) itself, and du = du' J (the pair as a row vector) is the "
-           "rotation by -angle.",
+    hints=("RoPE is linear: each pair (u[2i], u[2i+1]) is multiplied by a 2 x 2 matrix R, so "
+           "its vector-Jacobian product multiplies the pair's gradient by the transpose of R. "
+           "What is the transpose of a rotation?",
            "a, b = du[..., 0::2], du[..., 1::2]; out[..., 0::2] = a * cos + b * sin; "
            "out[..., 1::2] = -a * sin + b * cos (the forward with sin negated).",
            "du_in[2i] = du[2i] cos + du[2i+1] sin; du_in[2i+1] = -du[2i] sin + du[2i+1] cos"),
@@ -171,7 +173,7 @@ def _freq_cases(rng: np.random.Generator) -> list[Case]:
 
     # S >= 4 everywhere: the factors t, t + 1 and 1 then give three different answers
     shapes = [(ints(4, 8), 2 * ints(3, 5)), (ints(2, 4), ints(5, 10), 2 * ints(2, 4)),
-              (2, ints(2, 3), ints(6, 12), 8), (2, ints(16, 24), 16)]
+              (2, ints(2, 3), ints(6, 12), 8), (2, ints(16, 24), 16), (2, 6, 6)]
     cases = []
     for shape in shapes:
         hd, theta = shape[-1], log_uniform(rng, 1e2, 1e4)
@@ -179,7 +181,7 @@ def _freq_cases(rng: np.random.Generator) -> list[Case]:
         omega = init * np.exp(0.2 * rng.standard_normal(hd // 2))  # (hd/2,) learned: drifted
         label = f"du_out and u {shape}, omega ({hd // 2},) from theta={theta:.4g}"
         cases.append(Case(label, (randn(rng, shape), randn(rng, shape), omega)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "du_out")
 
 
 def _freq_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -264,7 +266,7 @@ ROPE_FREQ = Spec(
     reference=lambda du, u, omega: (rope_freq_grad(du, u, omega),),
     cases=_freq_cases,
     seed=506,
-    summary="2-D to 4-D, S = 4 to 24, hd/2 = 2 to 8",
+    summary="2-D to 4-D, S = 4 to 24, hd/2 = 2 to 8, square S = hd, du_out from 1e-3 to 1e2",
     single=True,
     mistakes=_freq_mistakes,
     terms=_freq_terms,
@@ -315,7 +317,7 @@ ROPE_HALF = Spec(
     reference=lambda du, cos, sin: (halves(du, cos.astype(du.dtype), -sin.astype(du.dtype)),),
     cases=lambda rng: _rope_cases(rng),
     seed=507,
-    summary="float64 and float32, 2-D to 4-D, S = 1 to 64",
+    summary="float64 and float32, 2-D to 4-D, S = 1 to 64, square S = hd, du from 1e-3 to 1e2",
     single=True,
     mistakes=_half_mistakes,
     floor=lambda a: {"du_in": amax(a[0])},

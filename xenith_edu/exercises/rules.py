@@ -14,7 +14,7 @@ import numpy as np
 
 from . import engine
 from .engine import check
-from .kit import amax, int_sampler, randn
+from .kit import amax, int_sampler, magnitudes, randn
 from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: N positions (rows), n or d width (columns), m output width of the linear layer.
@@ -106,7 +106,7 @@ def _cases(rng: np.random.Generator) -> list[Case]:
         target = randn(rng, (N, m), dtype)  # (N, m)
         label = f"{np.dtype(dtype).name}, {what}N={N}, d={d}, m={m}, eps={eps:.1e}"
         cases.append(Case(label, (x, w, W, target, eps)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 3, "target")
 
 
 def _maker(g: dict) -> Callable[[str, str, Callable[[], np.ndarray]], Mistake]:
@@ -247,7 +247,7 @@ BLOCK = Spec(
     cases=_cases,
     seed=1001,
     summary="float64 and float32, N = 1 to 7, a square W, N = d, small inputs where eps "
-            "matters",
+            "matters, target from 1e-3 to 1e2",
     mistakes=_drop_none(_mistakes),
     diagnose=_first_wrong,
     factors=lambda a: {f"N = {a[0].shape[0]}": float(a[0].shape[0]),
@@ -294,7 +294,7 @@ def _broadcast_cases(rng: np.random.Generator) -> list[Case]:
         dY = randn(rng, (N, n), dtype)  # (N, n)
         label = f"{what}N={N}, n={n}" if not what.endswith("), ") else what.rstrip(", ")
         cases.append(Case(f"{np.dtype(dtype).name}, {label}", (dY, X)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "dY")
 
 
 def _broadcast_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -330,7 +330,8 @@ BROADCAST = Spec(
     reference=broadcast_backward,
     cases=_broadcast_cases,
     seed=1002,
-    summary="float64 and float32, more rows than columns and fewer, one position, a square X",
+    summary="float64 and float32, more rows than columns and fewer, one position, a square X, "
+            "dY from 1e-3 to 1e2",
     mistakes=_drop_none(_broadcast_mistakes),
     factors=lambda a: {f"N = {a[1].shape[0]}": float(a[1].shape[0]),
                        f"n = {a[1].shape[1]}": float(a[1].shape[1])},

@@ -38,6 +38,7 @@ def _ce_cases(rng: np.random.Generator) -> list[Case]:
 
     big64, big32 = float(rng.uniform(750, 850)), float(rng.uniform(90, 105))
     plain = "N={N}, V={V}"
+    n_eq = ints(5, 8)  # N = V: a row sum broadcast along the wrong axis fits the shapes
     return [
         _logit_case(rng, plain, ints(6, 10), ints(8, 16), np.float64, 2.0),
         _logit_case(rng, plain, ints(4, 8), ints(10, 20), np.float32, 2.0),
@@ -51,6 +52,9 @@ def _ce_cases(rng: np.random.Generator) -> list[Case]:
                     ints(5, 10), np.float64, 5.0, big64),
         _logit_case(rng, f"large logits (around {big32:.0f}), " + plain, ints(3, 6),
                     ints(4, 8), np.float32, 5.0, big32),
+        _logit_case(rng, "small logits (softmax near uniform), N=V={N}", n_eq, n_eq, np.float64,
+                    0.02),
+        _logit_case(rng, plain, ints(9, 12), ints(20, 40), np.float32, 3.0),
     ]
 
 
@@ -122,7 +126,8 @@ CE = Spec(
     reference=_ce_reference,
     cases=_ce_cases,
     seed=101,
-    summary="float64 and float32, N = 1 to 10, repeated targets, logits around 800",
+    summary="float64 and float32, N = 1 to 12, V = 2 to 40, N = V, repeated targets, logits "
+            "from near 0 to around 800",
     mistakes=_ce_mistakes,
     terms=_ce_terms,
     hints=("The loss is the mean over N positions of -log softmax(logits)[target]: the gradient of "
@@ -174,12 +179,15 @@ def _ls_reference(logits: np.ndarray, targets: np.ndarray, smoothing: float) -> 
 
 def _ls_cases(rng: np.random.Generator) -> list[Case]:
     ints = int_sampler(rng)
+    n_eq = ints(5, 8)  # N = V
 
     plans = [("N={N}, V={V}", ints(4, 9), ints(5, 12), np.float64, 2.0, 0.0),
              ("N={N}, V={V}", ints(3, 7), ints(6, 14), np.float32, 2.0, 0.0),
              ("N=1 (one position), V={V}", 1, ints(3, 8), np.float64, 1.0, 0.0),
              ("large logits (around 800), N={N}, V={V}", ints(3, 6), ints(4, 8), np.float64,
-              5.0, float(rng.uniform(750, 850)))]
+              5.0, float(rng.uniform(750, 850))),
+             ("small logits, N=V={N}", n_eq, n_eq, np.float64, 0.02, 0.0),
+             ("N={N}, V={V}", ints(9, 12), ints(10, 20), np.float64, 2.0, 0.0)]
     cases = []
     for label, N, V, dtype, scale, shift in plans:
         c = _logit_case(rng, label, N, V, dtype, scale, shift)
@@ -239,7 +247,8 @@ LABEL_SMOOTHING = Spec(
     reference=_ls_reference,
     cases=_ls_cases,
     seed=103,
-    summary="float64 and float32, one position, logits around 800, smoothing 0.05 to 0.3",
+    summary="float64 and float32, one position, N = V, up to 12 positions, logits from near 0 "
+            "to around 800, smoothing 0.05 to 0.3",
     mistakes=_ls_mistakes,
     terms=_ls_terms,
     factors=lambda a: {f"N = {a[0].shape[0]}": float(a[0].shape[0]),

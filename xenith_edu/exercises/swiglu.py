@@ -14,7 +14,7 @@ import numpy as np
 from ..swiglu import sigmoid, swiglu_backward, swiglu_forward
 from .engine import check
 from .fit import Term
-from .kit import amax, int_sampler, randn, sigmoid64
+from .kit import amax, int_sampler, magnitudes, randn, sigmoid64
 from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: N positions, d width, f hidden width.
@@ -52,7 +52,7 @@ def _swiglu_cases(rng: np.random.Generator) -> list[Case]:
         label = label.replace("(one position), N=1, ", "(one position), ")
         cases.append(Case(f"{np.dtype(dtype).name}, {label}",
                           block_inputs(rng, N, d, f, dtype)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "dout")
 
 
 def _swiglu_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -114,7 +114,7 @@ SWIGLU = Spec(
     reference=_swiglu_reference,
     cases=_swiglu_cases,
     seed=202,
-    summary="float64 and float32, N = 1 to 6, a square and a random shape",
+    summary="float64 and float32, N = 1 to 6, a square and a random shape, dout from 1e-3 to 1e2",
     mistakes=_swiglu_mistakes,
     terms=_swiglu_terms,
     hints=("out = (silu(x @ w1) * (x @ w3)) @ w2: every matmul's backward is two matmuls with a "
@@ -156,6 +156,7 @@ def _silu_grad_cases(rng: np.random.Generator) -> list[Case]:
         Case(f"float64, shape (2, {a}, {b})", (randn(rng, (2, a, b), np.float64, 3.0),)),
         Case("float64, large |z| up to 800", (big,), hint),
         Case("float32, large |z| up to 100", (big[1:-1].astype(np.float32),), hint),
+        Case(f"float64, small |z|, shape ({a}, {a})", (randn(rng, (a, a), np.float64, 0.01),)),
     ]
 
 
@@ -191,7 +192,7 @@ SILU = Spec(
     reference=_silu_grad_reference,
     cases=_silu_grad_cases,
     seed=203,
-    summary="float64 and float32, 1-D to 3-D, |z| up to 800",
+    summary="float64 and float32, 1-D to 3-D, |z| from 1e-2 to 800",
     single=True,
     mistakes=_silu_grad_mistakes,
     terms=_silu_terms,
@@ -234,14 +235,15 @@ def _gelu_cases(rng: np.random.Generator) -> list[Case]:
              ("", ints(3, 6), ints(3, 6), ints(7, 12), np.float32, 1.0),
              ("N=1 (one position), ", 1, ints(2, 4), ints(4, 8), np.float64, 1.0),
              ("large pre-activations (tanh saturates), ", ints(2, 4), ints(2, 4), ints(4, 8),
-              np.float64, 6.0)]
+              np.float64, 6.0),
+             ("N=d=f (square), ", 4, 4, 4, np.float64, 1.0)]
     cases = []
     for what, N, d, f, dtype, scale in plans:
         dout, x, w1, _, w2 = block_inputs(rng, N, d, f, dtype)
         x = (x * dtype(scale)).astype(dtype)
         label = f"{what}N={N}, d={d}, f={f}".replace("(one position), N=1, ", "(one position), ")
         cases.append(Case(f"{np.dtype(dtype).name}, {label}", (dout, x, w1, w2)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "dout")
 
 
 def _gelu_mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -288,7 +290,8 @@ GELU_MLP = Spec(
     reference=_gelu_reference,
     cases=_gelu_cases,
     seed=204,
-    summary="float64 and float32, one position, pre-activations where tanh saturates",
+    summary="float64 and float32, one position, a square block, pre-activations where tanh "
+            "saturates, dout from 1e-3 to 1e2",
     mistakes=_gelu_mistakes,
     factors=lambda a: {f"N = {a[1].shape[0]}": float(a[1].shape[0])},
     floor=lambda a: {"dx": amax(a[0], a[3], a[2]), "dw1": amax(a[0], a[3], a[1]),

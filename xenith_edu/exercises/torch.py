@@ -16,7 +16,7 @@ from ..model.hf.layout import pair_rows
 from .attention import softmax_terms
 from .engine import check
 from .fit import Term
-from .kit import OVERFLOW, amax, fmt, int_sampler, randn
+from .kit import OVERFLOW, amax, fmt, int_sampler, magnitudes, randn
 from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: d width, H heads, hd = d // H head width (even). A checkpoint's weight is
@@ -66,6 +66,7 @@ def _cases(rng: np.random.Generator) -> list[Case]:
         ("one head, ", 1, 4 * ints(2, 3), np.float64),
         ("hd = 4, ", ints(2, 5), 4, np.float64),
         ("hd = 2 (nothing to reorder), ", ints(2, 6), 2, np.float64),
+        ("one head of width 2, ", 1, 2, np.float64),
     ]
     cases = []
     for what, H, hd, dtype in sizes:
@@ -73,7 +74,7 @@ def _cases(rng: np.random.Generator) -> list[Case]:
         weight = randn(rng, (d, d), dtype)  # (d, d) nn.Linear's (out, in), distinct entries
         cases.append(Case(f"{np.dtype(dtype).name}, {what}weight ({d}, {d}), n_head={H}",
                           (weight, H)))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "weight")
 
 
 def _mistakes(args: tuple, exp: dict) -> list[Mistake]:
@@ -179,7 +180,7 @@ WQ = Spec(
     reference=lambda weight, n_head: (wq_from_rotate_half(weight, n_head),),
     cases=_cases,
     seed=1414,
-    summary="float64 and float32, 1 to 6 heads, hd = 2 to 16",
+    summary="float64 and float32, 1 to 6 heads, hd = 2 to 16, weights from 1e-3 to 1e2",
     single=True,
     mistakes=_mistakes,
     diagnose=_diagnose,
@@ -251,7 +252,8 @@ def _bias_cases(rng: np.random.Generator) -> list[Case]:
              ("", ints(2, 3), 2, ints(5, 7), hd(), np.float32, 0.0),
              ("one sequence, ", 1, 2, ints(3, 5), hd(), np.float64, 0.0),
              ("S=1 (one position), ", 2, 2, 1, hd(), np.float64, 0.0),
-             ("a bias near 750, ", 2, 2, ints(4, 6), 6, np.float64, 750.0)]
+             ("a bias near 750, ", 2, 2, ints(4, 6), 6, np.float64, 750.0),
+             ("longer, ", 2, 1, ints(9, 11), 2, np.float64, 0.0)]
     cases = []
     for what, B, H, S, w, dtype, shift in plans:
         q, k, v, dout = (randn(rng, (B, H, S, w), dtype) for _ in range(4))  # (B, H, S, hd)
@@ -260,7 +262,7 @@ def _bias_cases(rng: np.random.Generator) -> list[Case]:
                           if f"{n}=" not in what and not (n == "B" and what.startswith("one")))
         cases.append(Case(f"{np.dtype(dtype).name}, {what}{sizes}, hd={w}",
                           (dout, q, k, v, bias), OVERFLOW if shift else ""))
-    return cases
+    return cases + magnitudes(rng, cases[0], 0, "dout")
 
 
 def biased64(dout, q, k, v, bias, *, bias_in=1.0, bias_grad=1.0, masked=True,
@@ -385,7 +387,8 @@ BIAS = Spec(
     reference=_bias_reference,
     cases=_bias_cases,
     seed=1415,
-    summary="float64 and float32, B = 1 to 3, S = 1 to 7, scores near 750",
+    summary="float64 and float32, B = 1 to 3, S = 1 to 11, scores near 750, dout from 1e-3 to "
+            "1e2",
     mistakes=_bias_mistakes,
     diagnose=_bias_diagnose,
     terms=_bias_terms,

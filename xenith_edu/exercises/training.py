@@ -32,12 +32,13 @@ def hyper(rng: np.random.Generator, wd: tuple[float, float]) -> tuple:
 def _adamw_cases(rng: np.random.Generator, zero_decay: tuple = (0.0, 0.0)) -> list[Case]:
     ints = int_sampler(rng)
 
-    n, a = ints(3, 6), ints(4, 6)
+    n, a, k = ints(3, 6), ints(4, 6), ints(9, 11)
     plans = [  # what, shape, dtype, t, weight decay range, gradient scale
         ("gradients near eps, ", (a, 3), np.float64, ints(2, 5), (0.05, 0.2), "eps"),
         ("", (n,), np.float32, ints(5, 10), (0.05, 0.2), 1.0),
         ("", (2, 3, 4), np.float64, 1, (0.01, 0.1), 1.0),
         ("zero gradient, ", (n + 1,), np.float64, ints(500, 1000), zero_decay, 0.0),
+        ("large gradients, a square p, ", (k, k), np.float64, ints(2, 20), (0.05, 0.2), 300.0),
     ]
     cases = []
     for what, shape, dtype, t, wd, gscale in plans:
@@ -124,7 +125,8 @@ ADAMW = Spec(
     reference=_adamw_reference,
     cases=_adamw_cases,
     seed=808,
-    summary="float64 and float32, t = 1 to 1000, with and without weight decay",
+    summary="float64 and float32, t = 1 to 1000, with and without weight decay, gradients up "
+            "to ~1e2, a square p",
     mistakes=_adamw_mistakes,
     floor=lambda a: {"p": amax(a[0]) + a[5], "m": amax(a[2]) + amax(a[1]),
                      "v": amax(a[3]) + amax(a[1]) ** 2},
@@ -178,7 +180,8 @@ ADAM_L2 = Spec(
     reference=adam_l2_reference,
     cases=lambda rng: _adamw_cases(rng, zero_decay=(0.05, 0.2)),
     seed=810,
-    summary="float64 and float32, t = 1 to 1000, a zero gradient where only the decay acts",
+    summary="float64 and float32, t = 1 to 1000, a zero gradient where only the decay acts, "
+            "gradients up to ~1e2, a square p",
     mistakes=_adam_l2_mistakes,
     floor=lambda a: {"p": amax(a[0]) + a[5], "m": amax(a[2]) + amax(a[1]) + amax(a[0]),
                      "v": amax(a[3]) + (amax(a[1]) + amax(a[0])) ** 2},

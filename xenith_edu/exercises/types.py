@@ -10,6 +10,8 @@ from enum import Enum
 
 import numpy as np
 
+from .progress import record
+
 
 class Status(str, Enum):
     """What a check concluded. A `str`, so that CSV and JSON write its value ("passed")."""
@@ -25,7 +27,7 @@ class Status(str, Enum):
         return format(self.value, spec)
 
 
-HINT_STEPS = ("the rule", "the line", "the formula")
+HINT_STEPS = ("a question", "the rule", "the line")
 _hints_given: dict[str, int] = {}  # per exercise: how many of its hints this process has given
 
 
@@ -42,6 +44,7 @@ def next_hint(exercise: str, steps: tuple[str, ...]) -> Hint:
         return Hint(f"No hints are written for {exercise}.")
     i = min(_hints_given.get(exercise, 0), len(steps) - 1)
     _hints_given[exercise] = i + 1
+    record(exercise, hint=True)
     name = f" ({HINT_STEPS[i]})" if len(steps) == len(HINT_STEPS) else ""
     last = " That was the last hint." if i + 1 == len(steps) else " Ask again for the next."
     return Hint(f"Hint {i + 1} of {len(steps)}{name} for {exercise}: {steps[i]}{last}")
@@ -64,13 +67,13 @@ class CheckResult:
     passed: bool
     message: str  # what the learner reads: the verdict, the worst case, the diagnosis
     mistakes: tuple[str, ...] = ()  # the diagnosed mistakes, each as the message names it
-    hints: tuple[str, ...] = ()  # the exercise's hints: the rule, the line, the formula
+    hints: tuple[str, ...] = ()  # the hints for this verdict: a question, the rule, the line
 
     def __str__(self) -> str:
         return self.message
 
     def hint(self) -> Hint:
-        """The next hint for this exercise: the rule, then the line, then the formula."""
+        """The next hint for this exercise: a question, then the rule, then the line."""
         return next_hint(self.exercise, self.hints)
 
 
@@ -121,7 +124,7 @@ class Spec:
     # (args in float64) -> per output, its additive terms (fit.Term): a wrong answer is fitted
     # as the same sum with a term missing, a sign, a scale or a slip, so unseen mistakes get a name
     terms: Callable[[tuple], dict[str, list]] | None = None
-    hints: tuple[str, ...] = ()  # the rule, the line, the formula: given one at a time
+    hints: tuple[str, ...] = ()  # the rule and the line (never the answer): the 2nd and 3rd hints
 
     @property
     def chapter(self) -> str:
