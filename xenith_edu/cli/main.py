@@ -140,6 +140,7 @@ def _cmd_gradescope(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: {len(parts)} notebook(s), {sum(len(p.points) for p in parts)} "
           f"exercise(s) worth {auto:g} points, {written:g} points of written answers; set "
           f"Gradescope's autograder timeout above {made.seconds:.0f} s")
+    return 0
 
 
 def _add_progress(sub: argparse._SubParsersAction) -> None:

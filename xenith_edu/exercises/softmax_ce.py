@@ -33,6 +33,17 @@ def _logit_case(rng: np.random.Generator, label: str, N: int, V: int, dtype: typ
     return Case(label, (logits, targets), OVERFLOW if shift else "")
 
 
+def _confidently_wrong(rng: np.random.Generator, N: int, V: int) -> Case:
+    """Every target's logit 35 to 50 below its row's max (its probability 1e-15 to 1e-22): a
+    log nudged or clipped by a small constant shows here; the reference's 1e-30 clamp does not."""
+    logits = randn(rng, (N, V), np.float64, 2.0)  # (N, V)
+    targets = rng.integers(0, V, size=N)  # (N,)
+    rows = np.arange(N)
+    logits[rows, targets] = logits.max(axis=-1) - rng.uniform(35.0, 50.0, size=N)
+    label = f"float64, confidently wrong (every target below 1e-15), N={N}, V={V}"
+    return Case(label, (logits, targets), "")
+
+
 def _ce_cases(rng: np.random.Generator) -> list[Case]:
     ints = int_sampler(rng)
 
@@ -55,6 +66,7 @@ def _ce_cases(rng: np.random.Generator) -> list[Case]:
         _logit_case(rng, "small logits (softmax near uniform), N=V={N}", n_eq, n_eq, np.float64,
                     0.02),
         _logit_case(rng, plain, ints(9, 12), ints(20, 40), np.float32, 3.0),
+        _confidently_wrong(rng, ints(3, 6), ints(6, 12)),
     ]
 
 
@@ -127,7 +139,7 @@ CE = Spec(
     cases=_ce_cases,
     seed=101,
     summary="float64 and float32, N = 1 to 12, V = 2 to 40, N = V, repeated targets, logits "
-            "from near 0 to around 800",
+            "from near 0 to around 800, targets of probability below 1e-15",
     mistakes=_ce_mistakes,
     terms=_ce_terms,
     hints=("The loss is the mean over N positions of -log softmax(logits)[target]: the gradient of "
