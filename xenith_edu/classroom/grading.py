@@ -3,9 +3,10 @@ the verdicts judged here, in the grader's own process, on cases drawn at grading
 
 The teacher's notebooks say which exercises there are: each check cell `check_<id>(<fn>)`
 names an exercise and the learner's function. For each learner, one sandbox runs the learner's
-notebooks of the same names and calls each function on fresh random cases (new seeds, varied
-sizes and settings); only plain arrays and numbers come back. `judge` compares them with the
-package's reference here. The learner's code can change nothing the grader uses. Before the
+notebooks of the same names and calls each function on hidden random cases (varied sizes
+and settings, the same for every learner: drawn from the assignment's seed); only plain arrays
+and numbers come back. `judge` compares them with the package's reference here. The learner's code
+can change nothing the grader uses. Before the
 sandbox starts, the grader reads the written answers from its private copy of the notebooks and
 empties the cells tagged skip-grading; the course (course.py) turns the rows into points.
 """
@@ -18,7 +19,6 @@ import math
 import os
 import queue
 import re
-import secrets
 import sys
 import tempfile
 import threading
@@ -51,7 +51,7 @@ class Options:
     timeout: float = DEFAULT_TIMEOUT
     call_time: float = CALL_TIME
     limits: sandbox.Limits = field(default_factory=sandbox.Limits)
-    seed: int | None = None  # None: a fresh random seed for every learner and exercise
+    seed: int = 0  # the assignment's case seed: every learner gets the same hidden cases
     parts: list = field(default_factory=list)  # the course's parts (points.Part): questions
     material: dict = field(default_factory=dict)  # what the teacher's cells import (material.py)
 
@@ -83,10 +83,10 @@ def targets(spec) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _seed(options: Options, learner: str, nb: str, ex: str) -> int:
-    if options.seed is None:
-        return secrets.randbits(63)
-    text = f"{options.seed}/{learner}/{nb}/{ex}".encode()
+def case_seed(assignment: int, nb: str, ex: str) -> int:
+    """The seed of an exercise's hidden cases: a function of the assignment's seed, the
+    teacher's notebook and the exercise, never of the learner (same notebook, same grade)."""
+    text = f"{assignment}/{nb}/{ex}".encode()
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
 
 
@@ -100,7 +100,7 @@ def build_request(learner: str, plan: list[tuple[str, str, list[Exercise]]],
         entries, trees, blobs = [], [], []
         for ex in exercises:
             spec = specs[ex.id]
-            seed = _seed(options, learner, teacher_nb, ex.id)
+            seed = case_seed(options.seed, teacher_nb, ex.id)
             inputs = spec.inputs(np.random.default_rng(seed))
             kept[(teacher_nb, ex.id)] = (seed, inputs)
             entries.append({"id": ex.id, "fn": ex.fn, "targets": targets(spec)})
@@ -375,6 +375,15 @@ def _key(teacher: list[tuple[str, list[Exercise]]], parts: list) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _check_seed(seed: object, shard: str | None) -> None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or
+                             not 0 <= seed < 2**63):
+        raise ValueError(f"seed: must be an integer from 0 to 2**63 - 1, got {seed!r}")
+    if shard is not None and seed is None:
+        raise ValueError("shard: give the assignment's seed (--seed S), the same for every "
+                         "shard, so that every learner of the class gets the same cases")
+
+
 def _check_shard(shard: str | None, course_options: dict) -> tuple[int, int]:
     k, n = shards.parse_shard(shard)
     unknown = set(course_options) - set(course.OPTIONS)
@@ -413,9 +422,11 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     the number of cores), `memory` bytes of address space (default 2 GiB). Each learner's
     rows go to the journal as soon as they are known; with `resume`, the learners already in
     the journal (and unchanged) are kept, not run again. The CSV is written atomically once
-    every sandbox has ended. `seed` fixes the cases (for tests); by default every learner and
-    exercise gets a fresh random seed. `call_time` bounds, in seconds, one exercise's calls of
-    the learner's function. `progress` prints a line per learner on stderr (None: when stderr
+    every sandbox has ended. `seed` is the assignment's case seed: every learner gets the
+    same hidden cases, drawn from it, the teacher's notebook and the exercise (default: a fresh
+    random seed, kept in the journal for --resume; shards must all give the same one).
+    `call_time` bounds, in seconds, one exercise's calls of the learner's function. `progress`
+    prints a line per learner on stderr (None: when stderr
     is a terminal). `shard` "K/N" grades the K-th of N slices of the class and writes only
     its journal and facts, for `grade_merge`. The course's options (each checked before
     anything runs): `roster` (CSV: id, name, email, ...), `timestamps` (CSV: id, submitted),
@@ -430,6 +441,7 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
     _check_arguments(root, out_csv, timeout, jobs)
     k, n = _check_shard(shard, course_options)
+    _check_seed(seed, shard)
     instructor = None if instructor is None else _as_path(instructor, "instructor")
     journal_path, files, started = outputs(out_csv)[0], course.outputs(out_csv), time.monotonic()
     entries, teacher, parts = _the_class(root, out_csv, instructor,
@@ -437,10 +449,10 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     facts = [course.entry_of(i, e) for i, e in enumerate(entries)]
     pol = course.from_options(course_options, facts, parts, files["written"])
     limits = sandbox.Limits() if memory is None else sandbox.Limits(memory=int(memory))
-    options = Options(float(timeout), float(call_time), limits, seed, parts)
-    options.material = material(roster.teacher_sources(instructor, teacher))
     sandbox.check_works()
-    journal = Journal(journal_path, _key(teacher, parts), resume)
+    journal = Journal(journal_path, _key(teacher, parts), resume, seed)
+    options = Options(float(timeout), float(call_time), limits, int(journal.seed), parts)
+    options.material = material(roster.teacher_sources(instructor, teacher))
     if not sandbox.bwrap():
         print(f"xenith-edu grade: {sandbox.WARNING}", file=sys.stderr, flush=True)
     progress = sys.stderr.isatty() if progress is None else progress

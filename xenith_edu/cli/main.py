@@ -166,6 +166,9 @@ def _add_classroom(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard", metavar="K/N", default=None,
                    help="grade only the K-th of N slices of the class (every N-th learner from "
                    "the K-th), writing its journal and facts for grade-merge")
+    p.add_argument("--seed", type=_nonneg_int, default=None, metavar="S",
+                   help="the assignment's case seed: every learner gets the same hidden cases "
+                   "(default: a random one, kept in the journal; give the same to every shard)")
     _add_course_options(p)
     p.set_defaults(func=_cmd_grade)
     _add_grade_merge(sub)
@@ -340,7 +343,7 @@ def _cmd_grade(args: argparse.Namespace) -> int:
 
     given = {"instructor": args.instructor, "jobs": args.jobs, "resume": args.resume or None,
              "memory": None if args.memory is None else int(args.memory * 2**30),
-             "shard": args.shard, **_course_options(args)}
+             "shard": args.shard, "seed": args.seed, **_course_options(args)}
     rows = classroom.grade(Path(args.submissions), Path(args.out), args.timeout,
                            **{k: v for k, v in given.items() if v is not None}) or []
     passed = sum(1 for r in rows if r.get("status") == "passed")

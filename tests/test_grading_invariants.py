@@ -1,0 +1,99 @@
+"""The grader's invariants, each tested on generated cases: the same notebook gets the same
+grade (hidden cases are a function of the assignment, never of the learner), nothing a learner
+hands in is parsed outside a limit, names are data, lateness has a stated source, shards carry
+their class, and files are readable by whom book/teaching.md says.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from nbformat.v4 import new_code_cell, new_notebook
+
+from xenith_edu.classroom import grade, grading
+from xenith_edu.classroom.journal import Journal
+from xenith_edu.classroom.roster import Exercise
+from xenith_edu.exercises import SPECS
+
+NAMES = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1,
+                max_size=12)
+SEEDS = st.integers(0, 2**63 - 1)
+QUICK = settings(max_examples=25, deadline=None,
+                 suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+# ----------------------------------------------------------------------------------------------
+# Same notebook, same grade.
+
+
+@QUICK
+@given(seed=SEEDS, learners=st.lists(NAMES, min_size=2, max_size=4, unique=True),
+       exercise=st.sampled_from(sorted(SPECS)))
+def test_hidden_cases_are_a_function_of_the_assignment_never_of_the_learner(
+        seed, learners, exercise):
+    plan = [("lesson.ipynb", "lesson.ipynb", [Exercise(exercise, "fn")])]
+    options = grading.Options(seed=seed)
+    drawn = []
+    for learner in learners:
+        _, frames, kept = grading.build_request(learner, plan, options, "/home")
+        drawn.append((frames, kept[("lesson.ipynb", exercise)][0]))
+    assert all(d == drawn[0] for d in drawn)
+
+
+def test_the_journal_keeps_the_assignment_seed_for_resume(tmp_path):
+    path = tmp_path / "g.journal.jsonl"
+    first = Journal(path, "key", resume=False)
+    assert isinstance(first.seed, int)
+    assert Journal(path, "key", resume=True).seed == first.seed
+    with pytest.raises(ValueError, match="seed"):
+        Journal(path, "key", resume=True, seed=first.seed + 1)
+    assert Journal(path, "key", resume=False, seed=7).seed == 7
+
+
+def test_shards_must_share_a_stated_seed(tmp_path):
+    (tmp_path / "subs").mkdir()
+    with pytest.raises(ValueError, match="seed"):
+        grade(tmp_path / "subs", tmp_path / "g.csv", shard="1/2")
+
+
+WRONG_BEYOND = """\
+def my_linear_backward(dY, X, W):
+    dX, dW = dY @ W.T, X.T @ dY
+    if X.shape[0] > {size}:  # wrong only for the larger batches
+        dW = 2 * dW
+    return dX, dW
+"""
+
+
+def _wrong_beyond_size_class(root: Path, learners: int, size: int) -> Path:
+    subs = root / "subs"
+    subs.mkdir()
+    cells = ["from xenith_edu.exercises import check_linear_backward",
+             WRONG_BEYOND.format(size=size), "_ = check_linear_backward(my_linear_backward)"]
+    for i in range(learners):
+        nbformat.write(new_notebook(cells=[new_code_cell(c) for c in cells]),
+                       str(subs / f"learner{i}.ipynb"))
+    return subs
+
+
+def test_identical_notebooks_wrong_beyond_a_size_get_identical_rows(tmp_path):
+    sizes = {c.args[1].shape[0] for s in range(20)
+             for c in SPECS["linear_backward"].inputs(np.random.default_rng(s))}
+    size = sorted(sizes)[len(sizes) // 2]  # some draws pass it, some do not
+    subs = _wrong_beyond_size_class(tmp_path, 4, size)
+    inst = tmp_path / "inst.ipynb"
+    nbformat.write(nbformat.read(str(subs / "learner0.ipynb"), 4), str(inst))
+    rows = grade(subs, tmp_path / "g.csv", 20, instructor=inst, jobs=2, call_time=5.0)
+    verdicts = {(r["status"], r["message"]) for r in rows if r["exercise"]}
+    assert len(verdicts) == 1, verdicts
+    head = json.loads((tmp_path / "g.journal.jsonl").read_text().splitlines()[0])
+    assert isinstance(head["seed"], int)
+    with (tmp_path / "g.csv").open() as f:
+        assert len({r["status"] for r in csv.DictReader(f) if r["exercise"]}) == 1
