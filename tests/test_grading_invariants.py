@@ -97,3 +97,47 @@ def test_identical_notebooks_wrong_beyond_a_size_get_identical_rows(tmp_path):
     assert isinstance(head["seed"], int)
     with (tmp_path / "g.csv").open() as f:
         assert len({r["status"] for r in csv.DictReader(f) if r["exercise"]}) == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Nothing from a submission is parsed outside limits.
+
+
+BOMBS = st.sampled_from([b"{},", b"[],", b'{"a": []},', b"[{}],"])  # tiny, each a new object
+HONEST = new_notebook(cells=[new_code_cell(c) for c in (
+    "from xenith_edu.exercises import check_linear_backward",
+    "def f(dY, X, W):\n    return dY @ W.T, X.T @ dY", "_ = check_linear_backward(f)")])
+
+
+def _bomb(unit: bytes, n: int) -> bytes:
+    """A notebook of `n` tiny JSON objects: a few bytes each on disk, ~60 in memory."""
+    return b'{"cells": [{"cell_type": "markdown", "id": "q", "source": ' \
+        b'"an answer"}], "x": [' + unit * n + b"0]}"
+
+
+@settings(max_examples=4, deadline=None)
+@given(unit=BOMBS, n=st.integers(1_500_000, 2_500_000))
+def test_a_notebook_bomb_is_read_in_a_child_under_the_memory_limit(tmp_path_factory, unit, n):
+    from xenith_edu.classroom import nbread
+
+    folder = tmp_path_factory.mktemp("bomb")
+    bomb, honest = folder / "bomb.ipynb", folder / "honest.ipynb"
+    bomb.write_bytes(_bomb(unit, n))
+    honest.write_bytes(_bomb(unit, 10))
+    ask = [{"name": "lesson.ipynb", "path": str(bomb), "questions": ["q"]}]
+    with pytest.raises(nbread.OverLimit, match="limit"):
+        nbread.read_limited(ask, 64 * 2**20, 60)
+    ask[0]["path"] = str(honest)  # the same kind of file, small: read within the same limit
+    assert nbread.read_limited(ask, 64 * 2**20, 60) == {"lesson.ipynb": {"q": "an answer"}}
+
+
+def test_a_notebook_bomb_is_its_learners_row_and_the_class_is_graded(tmp_path):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    nbformat.write(HONEST, str(subs / "honest.ipynb"))
+    nbformat.write(HONEST, str(tmp_path / "lesson.ipynb"))
+    (subs / "bomb.ipynb").write_bytes(_bomb(b"{},", 21_000_000))  # 63 MB: ~1.5 GB of dicts
+    rows = grade(subs, tmp_path / "g.csv", 20, instructor=tmp_path / "lesson.ipynb", jobs=1,
+                 call_time=5.0, memory=2**30)
+    status = {r["learner"]: r["status"] for r in rows if r["exercise"]}
+    assert status == {"honest": "passed", "bomb": "over the limit"}, rows

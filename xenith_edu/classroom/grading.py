@@ -31,10 +31,10 @@ import numpy as np
 
 from ..chapters import chapter
 from ..exercises import SPECS, InPlace, NotCallable, Opaque, Raised, judge
-from . import course, roster, sandbox, shards, statuses, wire
+from . import course, nbread, roster, sandbox, shards, statuses, wire
 from .journal import Journal, fingerprint
 from .material import material
-from .points import answers, blank_skipped, read_parts
+from .points import read_parts
 from .roster import Exercise, learner_notebooks, match, submissions, teacher_exercises
 from .statuses import Row
 
@@ -300,6 +300,9 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
             replies = sort_frames(run.frames, len(plan))
         except sandbox.FolderTooLarge as exc:
             problem = str(exc)
+        except nbread.OverLimit as exc:
+            why = f"[over the limit] not graded: {exc}"
+            return [("", e.id, Row.OVER_LIMIT, why, "") for _, ex in teacher for e in ex], {}
         finally:
             sandbox.remove_tree(tmp)
     rows, at = [], {name: i for i, (name, _, _) in enumerate(plan)}
@@ -325,14 +328,12 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
 
 def _prepare(copy: Path, plan: list, options: Options) -> dict:
     """Before the sandbox starts: the written answers read from the private copy, and its
-    cells tagged skip-grading emptied. Returns {teacher's notebook: {question: answer}}."""
-    questions = {p.notebook: p.questions for p in options.parts}
-    found = {}
-    for name, rel, _ in plan:
-        if questions.get(name):
-            found[name] = answers(copy / rel, questions[name])
-        blank_skipped(copy / rel)
-    return found
+    cells tagged skip-grading emptied, in a child under the sandbox's memory limit (never in
+    this process). Returns {teacher's notebook: {question: answer}}; raises nbread.OverLimit."""
+    questions = {p.notebook: [q.id for q in p.questions] for p in options.parts}
+    items = [{"name": name, "path": str(copy / rel), "questions": questions.get(name, [])}
+             for name, rel, _ in plan]
+    return nbread.read_limited(items, options.limits.memory, options.timeout + 30)
 
 
 def _setup_error(run: sandbox.SandboxRun) -> str | None:
@@ -384,7 +385,7 @@ def _check_seed(seed: object, shard: str | None) -> None:
                          "shard, so that every learner of the class gets the same cases")
 
 
-def _check_shard(shard: str | None, course_options: dict) -> tuple[int, int]:
+def _check_shard(shard: str | None, seed: object, course_options: dict) -> tuple[int, int]:
     k, n = shards.parse_shard(shard)
     unknown = set(course_options) - set(course.OPTIONS)
     if unknown:
@@ -393,6 +394,7 @@ def _check_shard(shard: str | None, course_options: dict) -> tuple[int, int]:
     if shard is not None and given:
         raise ValueError(f"{sorted(given)[0]}: a shard grades only; give the course's options "
                          "to grade-merge, which joins the shards")
+    _check_seed(seed, shard)
     return k, n
 
 
@@ -419,20 +421,19 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     `alice.ipynb` in `submissions_dir`, or a folder `bob/` whose notebooks are matched to the
     teacher's by file name. Each learner's notebooks run in one sandbox (see `sandbox.py`),
     `timeout` seconds per notebook (None: DEFAULT_TIMEOUT), `jobs` learners at a time (default
-    the number of cores), `memory` bytes of address space (default 2 GiB). Each learner's
-    rows go to the journal as soon as they are known; with `resume`, the learners already in
-    the journal (and unchanged) are kept, not run again. The CSV is written atomically once
-    every sandbox has ended. `seed` is the assignment's case seed: every learner gets the
-    same hidden cases, drawn from it, the teacher's notebook and the exercise (default: a fresh
-    random seed, kept in the journal for --resume; shards must all give the same one).
-    `call_time` bounds, in seconds, one exercise's calls of the learner's function. `progress`
-    prints a line per learner on stderr (None: when stderr
-    is a terminal). `shard` "K/N" grades the K-th of N slices of the class and writes only
-    its journal and facts, for `grade_merge`. The course's options (each checked before
-    anything runs): `roster` (CSV: id, name, email, ...), `timestamps` (CSV: id, submitted),
-    `written` (the filled sheet of written answers), `feedback` (a folder), `export`
-    (("canvas", "moodle")), `deadline`, `late_cutoff` (ISO 8601) and `late_penalty` (the
-    fraction of the points lost per day late).
+    the number of cores), `memory` bytes of address space (default 2 GiB). Each learner's rows
+    go to the journal as soon as they are known; with `resume`, the learners already in the
+    journal (and unchanged) are kept, not run again. The CSV is written atomically once every
+    sandbox has ended. `seed` is the assignment's case seed: every learner gets the same hidden
+    cases, drawn from it, the teacher's notebook and the exercise (default: a fresh random seed,
+    kept in the journal for --resume; shards must all give the same one). `call_time` bounds, in
+    seconds, one exercise's calls of the learner's function. `progress` prints a line per
+    learner on stderr (None: when stderr is a terminal). `shard` "K/N" grades the K-th of N
+    slices of the class and writes only its journal and facts, for `grade_merge`. The course's
+    options (each checked before anything runs): `roster` (CSV: id, name, email, ...),
+    `timestamps` (CSV: id, submitted), `written` (the filled sheet of written answers),
+    `feedback` (a folder), `export` (("canvas", "moodle")), `deadline`, `late_cutoff` (ISO 8601)
+    and `late_penalty` (the fraction of the points lost per day late).
     """
     from .student import _as_path  # the one check of a path argument
 
@@ -440,27 +441,23 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
     _check_arguments(root, out_csv, timeout, jobs)
-    k, n = _check_shard(shard, course_options)
-    _check_seed(seed, shard)
+    k, n = _check_shard(shard, seed, course_options)
     instructor = None if instructor is None else _as_path(instructor, "instructor")
     journal_path, files, started = outputs(out_csv)[0], course.outputs(out_csv), time.monotonic()
     entries, teacher, parts = _the_class(root, out_csv, instructor,
                                          course_options.get("feedback"))
     facts = [course.entry_of(i, e) for i, e in enumerate(entries)]
     pol = course.from_options(course_options, facts, parts, files["written"])
-    limits = sandbox.Limits() if memory is None else sandbox.Limits(memory=int(memory))
-    sandbox.check_works()
-    journal = Journal(journal_path, _key(teacher, parts), resume, seed)
-    options = Options(float(timeout), float(call_time), limits, int(journal.seed), parts)
-    options.material = material(roster.teacher_sources(instructor, teacher))
+    journal, options = _setup(journal_path, (teacher, parts, instructor), resume, seed,
+                              Options(float(timeout), float(call_time), _limits(memory)))
     if not sandbox.bwrap():
         print(f"xenith-edu grade: {sandbox.WARNING}", file=sys.stderr, flush=True)
     progress = sys.stderr.isatty() if progress is None else progress
     mine = shards.select(len(entries), k, n)
     graded = _run_class([entries[i] for i in mine], teacher, options, journal, jobs, progress)
-    base = {}
-    for i, (rows, found) in zip(mine, graded, strict=True):
-        base[facts[i].key], facts[i].answers = rows, found
+    base = {facts[i].key: rows for i, (rows, _) in zip(mine, graded, strict=True)}
+    for i, (_, found) in zip(mine, graded, strict=True):
+        facts[i].answers = found
     meta = {"learners": len(entries), "jobs": jobs, "seconds": time.monotonic() - started,
             "sandbox": sandbox.isolation()}
     shards.write_facts(files["course"], _key(teacher, parts), (k, n), len(entries), parts,
@@ -469,6 +466,21 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
         fields = ("learner", "notebook", "exercise", "status", "message", "mistake")
         return [dict(zip(fields, r, strict=True)) for rows, _ in graded for r in rows]
     return course.finish(out_csv, facts, base, parts, pol, meta)
+
+
+def _limits(memory: object) -> sandbox.Limits:
+    return sandbox.Limits() if memory is None else sandbox.Limits(memory=int(memory))
+
+
+def _setup(path: Path, course_of: tuple, resume: bool, seed: int | None, options: Options
+           ) -> tuple[Journal, Options]:
+    """The journal (which keeps the assignment's seed) and the grading options."""
+    teacher, parts, instructor = course_of
+    sandbox.check_works()
+    journal = Journal(path, _key(teacher, parts), resume, seed)
+    options.seed, options.parts = int(journal.seed), parts
+    options.material = material(roster.teacher_sources(instructor, teacher))
+    return journal, options
 
 
 def _kept(record: dict) -> tuple[list[tuple], dict]:
@@ -483,6 +495,10 @@ def _graded(learner: str, source: Path, teacher: list, options: Options, slot: i
     stops the class (the row is not journaled, so --resume tries again)."""
     try:
         return grade_learner(learner, source, teacher, options, slot, fonts)
+    except (MemoryError, RecursionError) as exc:  # this learner's, never the class's failure
+        why = f"[over the limit] not graded: the grader ran out of {type(exc).__name__[:-5]}"
+        return [("", "", Row.OVER_LIMIT, why.replace("Recursion", "recursion depth")
+                 .replace("Memory", "memory"), "")], {}
     except (OSError, ValueError, RuntimeError) as exc:
         why = roster.display(f"{type(exc).__name__}: {exc}")[:300]
         return [("", "", Row.NOTEBOOK_ERROR, f"the grader could not grade this submission "
