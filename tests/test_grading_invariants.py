@@ -141,3 +141,53 @@ def test_a_notebook_bomb_is_its_learners_row_and_the_class_is_graded(tmp_path):
                  call_time=5.0, memory=2**30)
     status = {r["learner"]: r["status"] for r in rows if r["exercise"]}
     assert status == {"honest": "passed", "bomb": "over the limit"}, rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Lateness only from a stated source.
+
+IDS = st.lists(st.from_regex(r"[a-z]{1,6}", fullmatch=True), min_size=1, max_size=6,
+               unique=True)
+
+
+@QUICK
+@given(ids=IDS, data=st.data())
+def test_lateness_comes_from_the_stated_source_and_an_untimed_learner_is_reported(
+        tmp_path_factory, ids, data):
+    from datetime import UTC, datetime, timedelta
+
+    from xenith_edu.classroom import course
+    from xenith_edu.classroom.inputs import late_policy
+    from xenith_edu.classroom.points import Part
+
+    due = datetime(2026, 12, 1, tzinfo=UTC)
+    folder = tmp_path_factory.mktemp("stamps")
+    hours = st.one_of(st.none(), st.integers(-100, 100))
+    stamped = {i: data.draw(hours, label=f"stamp {i}") for i in ids}
+    listed = [i for i in ids if data.draw(st.booleans(), label=f"listed {i}")]
+    stamps = folder / "t.csv"
+    stamps.write_text("id,submitted\n" + "".join(
+        f"{i},{'' if stamped[i] is None else (due + timedelta(hours=stamped[i])).isoformat()}\n"
+        for i in listed))
+    parts = [Part("lesson.ipynb", {"ex": 1.0})]
+    marks = []
+    for mtime in (data.draw(st.floats(0, 4e9)), data.draw(st.floats(0, 4e9))):
+        entries = [course.Entry(i, f"{i}.ipynb", k, time=mtime) for k, i in enumerate(ids)]
+        base = {e.key: [(e.learner, "lesson.ipynb", "ex", "passed", "", "")] for e in entries}
+        pol = course.policy(None, late_policy(due.isoformat(), 0.1, None), stamps, [], entries,
+                            parts)
+        pol.source = course.time_source(pol.late, stamps, None)
+        people = course.learners(entries, None)
+        rows = course.class_rows(people, base, parts, pol)
+        marks.append([r["late"] for r in rows])
+        timed = {i for i in listed if stamped[i] is not None}
+        assert set(course.untimed(people, pol)) == set(ids) - timed
+        for r in rows:
+            late = r["learner"] in timed and stamped[r["learner"]] > 0
+            assert bool(r["late"]) == late and (not late or r["late"].endswith(
+                course.FROM_TIMESTAMPS))
+    assert marks[0] == marks[1]  # the files' times changed nothing
+    with pytest.raises(ValueError, match="--timestamps"):
+        course.time_source(late_policy(due.isoformat(), None, None), None, None)
+    with pytest.raises(ValueError, match="not both"):
+        course.time_source(late_policy(due.isoformat(), None, None), stamps, True)

@@ -95,7 +95,7 @@ def _errors(errors: dict[tuple[str, str], list[str]]) -> list[str]:
     return lines
 
 
-def course_notes(people: list, totals: list[dict]) -> str:
+def course_notes(people: list, totals: list[dict], meta: dict | None = None) -> str:
     """The course's lines: totals, then who is absent, late, not on the roster, or shares a
     name with another submission."""
     if not totals:
@@ -104,8 +104,13 @@ def course_notes(people: list, totals: list[dict]) -> str:
     lines = ["", "## The course", "",
              f"{len(totals)} learners, mean {mean:.1f}% of {totals[0]['maximum']} points; "
              "each learner's total is in the totals file.", ""]
+    meta = meta or {}
+    if meta.get("source"):
+        lines[-1:-1] = [f"Lateness judged {meta['source']}.", ""]
     groups = {"Not submitted": [t["learner"] for t in totals if t["submitted"] == "no"],
               "Late": [f"{t['learner']} ({t['late']})" for t in totals if t["late"]],
+              "Warning: handed in, but no time in the timestamps file (not judged late)":
+                  list(meta.get("untimed", [])),
               "Not on the roster (graded, not in the LMS files' roster)":
                   [p.id for p in people if p.note == "not on the roster"],
               "Names shared by several submissions (kept apart, not merged)":
@@ -118,4 +123,4 @@ def course_notes(people: list, totals: list[dict]) -> str:
 
 def write_report(path: Path, rows: list[dict], meta: dict, people: list | None = None,
                  totals: list[dict] | None = None) -> None:
-    atomic_write_text(path, report(rows, meta) + course_notes(people or [], totals or []))
+    atomic_write_text(path, report(rows, meta) + course_notes(people or [], totals or [], meta))

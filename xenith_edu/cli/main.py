@@ -182,9 +182,13 @@ def _add_course_options(p: argparse.ArgumentParser) -> None:
                    "optional name, email, section, sis_login, canvas_id")
     g.add_argument("--deadline", metavar="TIME", default=None,
                    help="when the work is due, ISO 8601 (2026-12-01T23:59, local time unless "
-                   "an offset is given); a submission's time is its file's modification time")
+                   "an offset is given); the times come from --timestamps, or --late-from-mtime")
     g.add_argument("--timestamps", metavar="CSV", default=None,
-                   help="the submission times an LMS exports: a CSV with columns id, submitted")
+                   help="the submission times an LMS exports: a CSV with columns id, submitted "
+                   "(the source of lateness)")
+    g.add_argument("--late-from-mtime", action="store_true", default=None,
+                   help="judge lateness by the files' modification times instead (a learner "
+                   "or an archive can set them)")
     g.add_argument("--late-penalty", type=_fraction, default=None, metavar="F",
                    help="the fraction of the points lost per day begun late (0.1 for 10%%)")
     g.add_argument("--late-cutoff", metavar="TIME", default=None,
@@ -360,7 +364,8 @@ def _course_options(args: argparse.Namespace) -> dict:
     paths = {k: None if getattr(args, k) is None else Path(getattr(args, k))
              for k in ("roster", "timestamps", "written", "feedback")}
     return {**paths, "deadline": args.deadline, "late_penalty": args.late_penalty,
-            "late_cutoff": args.late_cutoff, "export": tuple(args.export) or None}
+            "late_cutoff": args.late_cutoff, "export": tuple(args.export) or None,
+            "late_from_mtime": args.late_from_mtime}
 
 
 def _cmd_grade_merge(args: argparse.Namespace) -> int:
