@@ -191,3 +191,90 @@ def test_lateness_comes_from_the_stated_source_and_an_untimed_learner_is_reporte
         course.time_source(late_policy(due.isoformat(), None, None), None, None)
     with pytest.raises(ValueError, match="not both"):
         course.time_source(late_policy(due.isoformat(), None, None), stamps, True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Shards carry the class.
+
+
+def _shards(root: Path, variant: str, seed: int) -> Path:
+    subs, out = root / f"subs-{variant}", root / f"out-{variant}"
+    subs.mkdir()
+    out.mkdir()
+    for name in ("ann", "ben"):
+        nbformat.write(HONEST, str(subs / f"{name}.ipynb"))
+    if variant == "other":  # another class of the same size: one learner's file differs
+        cells = [*HONEST.cells, new_code_cell("x = 1")]
+        nbformat.write(new_notebook(cells=cells), str(subs / "ben.ipynb"))
+    if not (root / "lesson.ipynb").exists():
+        nbformat.write(HONEST, str(root / "lesson.ipynb"))
+    for k in (1, 2):
+        grade(subs, out / f"part{k}.csv", 20, instructor=root / "lesson.ipynb", jobs=1,
+              call_time=5.0, seed=seed, shard=f"{k}/2")
+    return out
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sharded")
+    return {"root": root, "one": _shards(root, "one", 5), "other": _shards(root, "other", 5),
+            "reseeded": _shards(root, "reseeded", 6)}
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    return dst
+
+
+@QUICK
+@given(data=st.data())
+def test_a_merge_refuses_an_edited_journal_and_writes_nothing(sharded, data):
+    from xenith_edu.classroom import grade_merge
+
+    work = _copy(sharded["one"], sharded["root"] / "work")
+    k = data.draw(st.sampled_from([1, 2]))
+    journal = work / f"part{k}.journal.jsonl"
+    raw = bytearray(journal.read_bytes())
+    at = data.draw(st.integers(0, len(raw) - 1))
+    edit = data.draw(st.sampled_from(["flip", "cut", "insert", "swap lines"]))
+    if edit == "flip":
+        raw[at] ^= data.draw(st.integers(1, 255))
+    elif edit == "cut":
+        del raw[at:at + data.draw(st.integers(1, 40))]
+    elif edit == "insert":
+        raw[at:at] = data.draw(st.binary(min_size=1, max_size=20))
+    else:
+        lines = bytes(raw).splitlines(keepends=True)
+        if len(lines) < 3 or lines[1] == lines[2]:
+            raw += b"\n"
+        else:
+            raw = bytearray(b"".join([lines[0], lines[2], lines[1], *lines[3:]]))
+    journal.write_bytes(bytes(raw))
+    out = work / "merged.csv"
+    with pytest.raises(ValueError, match="journal"):
+        grade_merge([work / "part1.csv", work / "part2.csv"], out)
+    assert not out.exists() and not (work / "merged.totals.csv").exists()
+
+
+@QUICK
+@given(other=st.sampled_from(["other", "reseeded"]), k=st.sampled_from([1, 2]),
+       layout=st.sampled_from(["swap", "repeat", "missing"]))
+def test_a_merge_refuses_another_class_or_a_missing_or_repeated_shard(sharded, other, k,
+                                                                      layout):
+    from xenith_edu.classroom import grade_merge
+
+    one, two = sharded["one"], sharded[other]
+    given_ = {"swap": [one / f"part{3 - k}.csv", two / f"part{k}.csv"],
+              "repeat": [one / f"part{k}.csv", one / f"part{k}.csv"],
+              "missing": [one / f"part{k}.csv"]}[layout]
+    out = sharded["root"] / "merged.csv"
+    with pytest.raises(ValueError, match="another class|twice|missing"):
+        grade_merge(given_, out)
+    assert not out.exists()
+    grade_merge([one / "part1.csv", one / "part2.csv"], out)  # the shards of one class join
+    assert out.exists()
+    out.unlink()

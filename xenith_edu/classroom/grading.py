@@ -459,13 +459,22 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     for i, (_, found) in zip(mine, graded, strict=True):
         facts[i].answers = found
     meta = {"learners": len(entries), "jobs": jobs, "seconds": time.monotonic() - started,
-            "sandbox": sandbox.isolation()}
+            "sandbox": sandbox.isolation(), "journal": shards.digest(journal_path),
+            "class": _identity(entries, instructor, teacher, options)}
     shards.write_facts(files["course"], _key(teacher, parts), (k, n), len(entries), parts,
                        [facts[i] for i in mine], meta)
     if shard is not None:
         fields = ("learner", "notebook", "exercise", "status", "message", "mistake")
         return [dict(zip(fields, r, strict=True)) for rows, _ in graded for r in rows]
     return course.finish(out_csv, facts, base, parts, pol, meta)
+
+
+def _identity(entries: list, instructor: Path | None, teacher: list, options: Options) -> str:
+    names = {name for name, _ in teacher}
+    files = [p for p in roster.teacher_files(instructor) if p.name in names]
+    given = {"timeout": options.timeout, "call_time": options.call_time, "seed": options.seed,
+             "limits": options.limits.as_dict()}
+    return shards.class_identity(entries, files, given)
 
 
 def _limits(memory: object) -> sandbox.Limits:

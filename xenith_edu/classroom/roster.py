@@ -68,6 +68,11 @@ def chapter_notebooks() -> list[Path]:
     return [p for p in paths if p.is_file()]
 
 
+def teacher_files(instructor: Path | None) -> list[Path]:
+    """The teacher's notebooks: `instructor`'s, or the book's chapter notebooks."""
+    return _instructor(instructor)
+
+
 def _instructor(instructor: Path | None) -> list[Path]:
     if instructor is None:
         paths = chapter_notebooks()
