@@ -278,3 +278,38 @@ def test_a_merge_refuses_another_class_or_a_missing_or_repeated_shard(sharded, o
     grade_merge([one / "part1.csv", one / "part2.csv"], out)  # the shards of one class join
     assert out.exists()
     out.unlink()
+
+
+# ----------------------------------------------------------------------------------------------
+# Files readable by whom the docs say: the teacher's group, no one else, whatever the umask.
+
+
+@QUICK
+@given(umask=st.integers(0, 0o777), ids=IDS)
+def test_every_output_is_readable_by_the_group_and_no_wider_under_any_umask(
+        tmp_path_factory, umask, ids):
+    import os
+    import stat
+
+    from xenith_edu.classroom import course, shards
+    from xenith_edu.classroom.inputs import LatePolicy
+    from xenith_edu.classroom.points import Part, Question
+
+    out = tmp_path_factory.mktemp("modes")
+    parts = [Part("lesson.ipynb", {"ex": 1.0}, (Question("q", 2.0, "Why?"),))]
+    entries = [course.Entry(i, f"{i}.ipynb", k) for k, i in enumerate(ids)]
+    base = {e.key: [(e.learner, "lesson.ipynb", "ex", "passed", "", "")] for e in entries}
+    pol = course.Policy(None, LatePolicy(), {}, {}, out / "feedback", ("canvas", "moodle"))
+    old = os.umask(umask)
+    try:
+        Journal(out / "g.journal.jsonl", "key", resume=False).append({"learner": "x", "rows": []})
+        shards.write_facts(out / "g.course.json", "key", (1, 1), len(ids), parts, entries, {})
+        course.finish(out / "g.csv", entries, base, parts, pol, {})
+    finally:
+        os.umask(old)
+    found = [p for p in out.rglob("*")]
+    assert len(found) >= 8 + len(ids)  # csv, totals, written, md, canvas, moodle, ... pages
+    for path in found:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        want = 0o750 if path.is_dir() else 0o640
+        assert mode == want, (path.name, oct(mode), oct(umask))

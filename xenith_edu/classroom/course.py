@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from ..tools.util import atomic_write_text
 from .exports import csv_text, num, write_exports, write_feedback
 from .inputs import LatePolicy, Person, late_policy, read_filled, read_roster, read_timestamps
-from .journal import group_readable
 from .names import escape_controls
+from .outfiles import write_text
 from .points import Part
 from .report import write_report
 from .roster import COLLISION
@@ -283,24 +282,17 @@ def finish(out_csv: Path, entries: list[Entry], base: dict[str, list[tuple]],
               f"{', '.join(map(escape_controls, missing[:10]))}", file=sys.stderr, flush=True)
     meta = {**meta, "untimed": missing, "source": pol.source}
     files = outputs(out_csv)
-    written: list[Path] = [out_csv, files["totals"]]
-    atomic_write_text(out_csv, csv_text(CSV_FIELDS, rows))
-    atomic_write_text(files["totals"], csv_text([*TOTAL_FIELDS, *(p.chapter for p in parts)],
-                                                lines))
+    write_text(out_csv, csv_text(CSV_FIELDS, rows))
+    write_text(files["totals"], csv_text([*TOTAL_FIELDS, *(p.chapter for p in parts)], lines))
     if any(part.questions for part in parts):
-        atomic_write_text(files["written"], csv_text(SHEET_FIELDS,
-                                                     sheet_rows(people, parts, pol.filled)))
-        written.append(files["written"])
-    report_path = out_csv.with_name(out_csv.stem + ".md")
+        write_text(files["written"], csv_text(SHEET_FIELDS,
+                                              sheet_rows(people, parts, pol.filled)))
     questions = [q.id for part in parts for q in part.questions]
-    write_report(report_path, rows, {**meta, "csv": out_csv.name, "questions": questions},
-                 people, lines)
-    written.append(report_path)
-    written += write_exports(files, pol.export, people, lines, parts)
+    write_report(out_csv.with_name(out_csv.stem + ".md"), rows,
+                 {**meta, "csv": out_csv.name, "questions": questions}, people, lines)
+    write_exports(files, pol.export, people, lines, parts)
     if pol.feedback is not None:
         write_feedback(pol.feedback, people, rows, lines)
-    for path in written:
-        group_readable(path)
     return rows
 
 

@@ -11,8 +11,8 @@ import io
 import re
 from pathlib import Path
 
-from ..tools.util import atomic_write_text
 from .inputs import safe_cell
+from .outfiles import make_folder, write_text
 
 CANVAS_FIXED = ("Student", "ID", "SIS User ID", "SIS Login ID", "Section")
 # The page asks for nothing: no script, no image, no font, no style sheet from anywhere.
@@ -85,7 +85,7 @@ def write_exports(files: dict[str, Path], export: tuple[str, ...], people: list,
     written = []
     for name in export:
         make = {"canvas": canvas, "moodle": moodle}[name]
-        atomic_write_text(files[name], make(people, lines, parts))
+        write_text(files[name], make(people, lines, parts))
         written.append(files[name])
     return written
 
@@ -135,10 +135,10 @@ def page(learner, rows: list[dict], line: dict) -> str:
 
 def write_feedback(folder: Path, people: list, rows: list[dict], lines: list[dict]) -> None:
     """One page per learner into `folder`, named after the learner."""
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder)
     mine: dict[str, list[dict]] = {}
     for r in rows:
         mine.setdefault(r["learner"], []).append(r)
     for learner, line in zip(people, lines, strict=True):
-        atomic_write_text(folder / f"{file_name(learner.id)}.html",
+        write_text(folder / f"{file_name(learner.id)}.html",
                           page(learner, mine.get(learner.id, []), line))

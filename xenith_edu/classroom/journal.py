@@ -15,19 +15,10 @@ import stat
 import threading
 from pathlib import Path
 
-from ..tools.util import atomic_write_text
+from .outfiles import write_text
 from .roster import walk
 
 VERSION = 3
-
-
-def group_readable(path: Path) -> None:
-    """The teacher's group may read what the grader writes (never 0600)."""
-    try:
-        mode = os.stat(path).st_mode & 0o777
-        os.chmod(path, mode | 0o640)
-    except OSError:
-        pass
 
 
 def fingerprint(path: Path) -> str:
@@ -82,8 +73,7 @@ class Journal:
                                     "seed": self.seed}))
         if resume:
             lines += [json.dumps(r) for r in self.kept.values()]
-        atomic_write_text(path, "\n".join(lines) + "\n")  # drops a line torn by a kill
-        group_readable(path)
+        write_text(path, "\n".join(lines) + "\n")  # drops a line torn by a kill
 
     def _read(self, seed: int | None) -> list[dict]:
         try:

@@ -10,8 +10,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from ..tools.util import atomic_write_text
 from . import statuses
+from .outfiles import write_text
 from .statuses import Row
 
 TOP = 8  # mistakes listed
@@ -123,4 +123,4 @@ def course_notes(people: list, totals: list[dict], meta: dict | None = None) -> 
 
 def write_report(path: Path, rows: list[dict], meta: dict, people: list | None = None,
                  totals: list[dict] | None = None) -> None:
-    atomic_write_text(path, report(rows, meta) + course_notes(people or [], totals or [], meta))
+    write_text(path, report(rows, meta) + course_notes(people or [], totals or [], meta))

@@ -15,8 +15,8 @@ import re
 from dataclasses import asdict
 from pathlib import Path
 
-from ..tools.util import atomic_write_text
 from . import course
+from .outfiles import write_text
 from .points import Part
 
 FACTS_VERSION = 2
@@ -71,7 +71,7 @@ def write_facts(path: Path, key: str, shard: tuple[int, int], size: int, parts: 
               "identity": meta.get("class", ""), "journal": meta.get("journal", ""),
               "parts": [p.as_dict() for p in parts], "entries": [asdict(e) for e in entries],
               "meta": {k: meta[k] for k in ("jobs", "seconds", "sandbox") if k in meta}}
-    atomic_write_text(path, json.dumps(record, indent=1) + "\n")
+    write_text(path, json.dumps(record, indent=1) + "\n")
 
 
 def _read_json(path: Path, what: str) -> dict:
