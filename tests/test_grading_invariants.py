@@ -313,3 +313,201 @@ def test_every_output_is_readable_by_the_group_and_no_wider_under_any_umask(
         mode = stat.S_IMODE(path.stat().st_mode)
         want = 0o750 if path.is_dir() else 0o640
         assert mode == want, (path.name, oct(mode), oct(umask))
+
+
+# ----------------------------------------------------------------------------------------------
+# Names are data: canonical, unique on every disk, escaped everywhere.
+
+ANY_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+TRIGGER_TEXT = st.lists(st.sampled_from(["=", "+", "-", "@", "\t", "\r", ";", " ", "'", "a",
+                                         "1", ",", '"', "\n"]), max_size=20).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(ANY_TEXT, TRIGGER_TEXT))
+def test_a_csv_cell_is_text_in_any_list_separator_and_reads_back_exactly(text):
+    from xenith_edu.classroom.inputs import TRIGGERS, safe_cell, unsafe_cell
+
+    safe = safe_cell(text)
+    assert unsafe_cell(safe) == text
+    for piece in safe.split(";"):
+        assert not piece.lstrip(" ").startswith(TRIGGERS), (text, safe)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ids=st.lists(st.one_of(ANY_TEXT.filter(bool), st.from_regex(r"[a-zA-Z0-9._+-]{1,9}",
+                                                                     fullmatch=True)),
+                    min_size=1, max_size=8))
+def test_file_stems_are_unique_with_or_without_case_and_portable(ids):
+    import re
+    import unicodedata
+
+    from xenith_edu.classroom.names import canonical, file_stems, fold
+
+    ids = [canonical(i) for i in ids]
+    variants = ids + [i.upper() for i in ids] + [i.lower() for i in ids]
+    stems = file_stems(variants)
+    assert len({fold(s) for s in stems.values()}) == len(set(variants))
+    for s in stems.values():
+        assert re.fullmatch(r"[A-Za-z0-9._+-]{1,200}", s) and not s.startswith(".")
+        assert s.split(".")[0].lower() not in ("con", "prn", "aux", "nul")
+    for i in ids:
+        assert canonical(unicodedata.normalize("NFD", i)) == i == canonical(i)
+        assert not any(unicodedata.category(c) in ("Cc", "Cf") for c in i)
+
+
+def _variants(name: str) -> list[str]:
+    import unicodedata
+
+    return list(dict.fromkeys([name, unicodedata.normalize("NFD", name), name.upper(),
+                               name.capitalize()]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(names=st.lists(st.sampled_from(["josé", "ann", "zoë", "bob", "ça"]), min_size=1,
+                      max_size=4, unique=True),
+       data=st.data())
+def test_submissions_that_differ_by_case_or_normalization_are_kept_apart(
+        tmp_path_factory, names, data):
+    import unicodedata
+
+    from xenith_edu.classroom import course
+    from xenith_edu.classroom.names import fold
+    from xenith_edu.classroom.roster import submissions
+
+    root = tmp_path_factory.mktemp("names")
+    made = set()
+    for name in names:
+        for v in data.draw(st.lists(st.sampled_from(_variants(name)), min_size=1, max_size=3,
+                                    unique=True)):
+            folder = data.draw(st.booleans())
+            path = root / (v if folder else f"{v}.ipynb")
+            if folder:
+                path.mkdir(exist_ok=True)
+                (path / "lesson.ipynb").write_text("{}")
+            else:
+                path.write_text("{}")
+            made.add(path.name)
+    found = submissions(root, set())
+    graded = [(learner, src) for learner, src, problem in found if src is not None]
+    assert len(graded) == len(made)  # every file graded, none merged into another
+    assert len({fold(learner) for learner, _ in graded}) == len(graded)
+    assert all(unicodedata.is_normalized("NFC", learner) for learner, _, _ in found)
+    entries = [course.entry_of(i, e) for i, e in enumerate(found)]
+    base = {e.key: [] for e in entries}
+    out = root.parent / f"{root.name}-out"
+    out.mkdir()
+    pol = course.Policy(feedback=out / "feedback")
+    course.finish(out / "g.csv", entries, base, [], pol, {})
+    people = [e for e in entries if e.status != "name collision"]
+    assert len(list((out / "feedback").iterdir())) == len(people)  # none overwritten
+
+
+def test_a_roster_id_matches_its_decomposed_folder_and_no_name_steers_the_terminal(
+        tmp_path, capsys):
+    import unicodedata
+
+    subs = tmp_path / "subs"
+    nfd = unicodedata.normalize("NFD", "josé")
+    for name in (nfd, "eve\x1b[2K\x1b[1Gann: 5 of 5 passed\r"):
+        (subs / name).mkdir(parents=True)
+        nbformat.write(HONEST, str(subs / name / "lesson.ipynb"))
+    nbformat.write(HONEST, str(tmp_path / "lesson.ipynb"))
+    roster = tmp_path / "roster.csv"
+    roster.write_text("id,name\njosé,José\n", encoding="utf-8")
+    rows = grade(subs, tmp_path / "g.csv", 20, instructor=tmp_path / "lesson.ipynb", jobs=1,
+                 call_time=5.0, progress=True, roster=roster, feedback=tmp_path / "fb")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\r" not in err
+    mine = {r["learner"]: r["status"] for r in rows if r["exercise"]}
+    assert mine["josé"] == "passed"  # matched to the roster, not "not submitted"
+    for path in tmp_path.glob("g.*"):
+        assert "\x1b" not in path.read_text(encoding="utf-8"), path.name
+    assert all("\x1b" not in p.read_text() for p in (tmp_path / "fb").iterdir())
+
+
+# ----------------------------------------------------------------------------------------------
+# Cells run as Jupyter runs them: no Python line changed, no magic dropped silently.
+
+SMALL = st.integers(0, 99)
+WORD = st.from_regex(r"[a-z]{1,6}", fullmatch=True)
+
+
+@st.composite
+def python_statement(draw) -> str:
+    a, b, w = draw(SMALL), draw(SMALL), draw(WORD)
+    pad = " " * draw(st.integers(0, 8))
+    return draw(st.sampled_from([
+        f"x = ({a}\n{pad}!= {b})",  # PEP 8: the line break before the operator
+        f"x = ({a}\n{pad}% {b + 1})",
+        f"x = {a} \\\n{pad}!= {b}",
+        f"s = '%{w}'",
+        f"t = \"!{w} %d\" % {a}",
+        f"u = '''\n%{w} not a magic\n!{w} nor this\n'''",
+        f"def f_{w}(a):\n    return (a\n{pad}    != {b})",
+        f"if {a} != {b}:\n    y = {a} % {b + 1}",
+        f"d = {{{a}:\n{pad}{b}}}",
+        f"# %{w} and !{w} in a comment",
+    ]))
+
+
+MAGIC_LINES = ("%matplotlib inline", "!pip install numpy", "%load_ext autoreload", "%time x = 1",
+               "files = !ls", "%who", "%config Completer.x = 1")
+MAGICS = st.sampled_from(MAGIC_LINES)
+
+
+def _cells_of(tmp: Path, sources: list[str]) -> list[tuple[int, str]]:
+    from xenith_edu.classroom.worker import _cells
+
+    path = tmp / "lesson.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell(s) for s in sources]), str(path))
+    return _cells(str(path))
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cells=st.lists(st.lists(python_statement(), min_size=1, max_size=5).map("\n".join),
+                      min_size=1, max_size=4))
+def test_a_python_cell_runs_unchanged(tmp_path, cells):
+    got = _cells_of(tmp_path, cells)
+    assert [code for _, code in got] == [c + "\n" for c in cells]
+    for code in cells:
+        compile(code, "<cell>", "exec")
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.lists(st.one_of(python_statement(), MAGICS), min_size=1, max_size=8))
+def test_every_magic_becomes_a_call_and_the_python_around_it_is_kept(tmp_path, body):
+    [(_, code)] = _cells_of(tmp_path, ["\n".join(body)])
+    compile(code, "<cell>", "exec")
+    magics = [b for b in body if b in MAGIC_LINES]
+    assert code.count("get_ipython()") == len(magics)
+    for statement in body:
+        if statement not in magics:
+            assert statement in code  # every Python line, as written
+
+
+MAGIC_LESSON = [
+    "%matplotlib inline\nimport numpy as np\n!pip install something",
+    "%%time\ndef helper(a, b):\n    return (a\n            != b)",
+    "def my_linear_backward(dY, X, W):\n    same = (X.shape[0]\n            != -1)\n"
+    "    return dY @ W.T, X.T @ dY",
+    "%timeit -n 1 -r 1 helper(1, 2)\n%%bash is not a cell magic here\nfrom xenith_edu.exercises "
+    "import check_linear_backward",
+    "_ = check_linear_backward(my_linear_backward)",
+]
+
+
+def test_a_notebook_with_magics_and_shell_escapes_is_graded_as_jupyter_runs_it(tmp_path):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    nb = new_notebook(cells=[new_code_cell(c) for c in MAGIC_LESSON])
+    nbformat.write(nb, str(subs / "ann.ipynb"))
+    nbformat.write(nb, str(tmp_path / "lesson.ipynb"))
+    rows = grade(subs, tmp_path / "g.csv", 20, instructor=tmp_path / "lesson.ipynb", jobs=1,
+                 call_time=5.0)
+    judged = [r for r in rows if r["exercise"]]
+    assert [r["status"] for r in judged] == ["passed"], rows
+    notes = " ".join(r["message"] for r in rows if not r["exercise"])
+    assert "magic not available while grading: !pip install something" in notes

@@ -31,9 +31,10 @@ import numpy as np
 
 from ..chapters import chapter
 from ..exercises import SPECS, InPlace, NotCallable, Opaque, Raised, judge
-from . import course, nbread, roster, sandbox, shards, statuses, wire
+from . import cells, course, nbread, roster, sandbox, shards, statuses, wire
 from .journal import Journal, fingerprint
 from .material import material
+from .names import canonical
 from .points import read_parts
 from .roster import Exercise, learner_notebooks, match, submissions, teacher_exercises
 from .statuses import Row
@@ -241,7 +242,8 @@ def notebook_rows(nb: str, rel: str | None, exercises: list[Exercise], kept: dic
             status, message, mistake = (Row.NOTEBOOK_ERROR,
                                         f"the sandbox's reply could not be read: {exc}", "")
         rows.append((rel, ex.id, status, message, mistake))
-    errors = [f"cell {n} raised {text}" for n, text in reply.ran.get("errors", [])[:3]
+    errors = [f"cell {n}: {text}" if text.startswith(cells.UNAVAILABLE) else
+              f"cell {n} raised {text}" for n, text in reply.ran.get("errors", [])[:3]
               if isinstance(text, str)]
     if reply.ran.get("stopped"):
         errors.append(str(reply.ran["stopped"]))
@@ -538,7 +540,7 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
                 found, seeds = _graded(learner, source, teacher, options, slot, fonts)
             finally:
                 slots.put(slot)
-            prefix = f"{roster.display(source.name)}/" if source.is_dir() else ""
+            prefix = f"{canonical(roster.display(source.name))}/" if source.is_dir() else ""
             rows = [(learner, prefix + nb if nb else "", ex, st, msg, mistake)
                     for nb, ex, st, msg, mistake in found]
             if sandbox.ABORT.is_set():

@@ -13,6 +13,8 @@ import ast
 import importlib.util
 from pathlib import Path
 
+from .cells import transform
+
 CATALOGUE = "xenith_edu.exercises"
 
 
@@ -21,9 +23,8 @@ def imported(sources: list[str]) -> dict[str, set[str]]:
     wanted: dict[str, set[str]] = {}
     for source in sources:
         try:
-            tree = ast.parse("\n".join(ln for ln in source.split("\n")
-                                       if not ln.lstrip().startswith(("%", "!"))))
-        except SyntaxError:
+            tree = ast.parse(transform(source))
+        except (SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 from . import statuses
+from .names import escape_controls
 from .outfiles import write_text
 from .statuses import Row
 
@@ -24,7 +25,7 @@ MARKDOWN = re.compile(r"([\\`*\[\]|~#])")  # what makes emphasis, code, links, c
 
 def _cell(text: str) -> str:
     """`text` as literal Markdown on one line: no heading, link, emphasis or HTML of its own."""
-    flat = html.escape(" ".join(str(text).split()), quote=False)
+    flat = html.escape(escape_controls(" ".join(str(text).split())), quote=False)
     return MARKDOWN.sub(r"\\\1", flat)
 
 

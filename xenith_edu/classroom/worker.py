@@ -5,11 +5,11 @@ The parent process runs only this module's code: it reads the grader's one reque
 the sandbox's uid, fills the learner's home with its copy of the submission, sets the limits,
 fences off the exercise catalogue (its checks become no-ops, its reference functions are not
 there to import), wraps the package's own function of each exercise so that a call to it is
-reported, then forks one child per notebook. The child executes the notebook's code cells
-(IPython magics dropped) and calls each exercise's function on the grader's inputs through the
-one runner of the exercise floor (`outcomes.run`); the parent relays the child's frames and
-stops a child that overruns. A child that dies or overruns while a function runs is replaced by
-a new one, which executes the notebook again and goes on with the next exercise.
+reported, then forks one child per notebook. The child executes the notebook's code cells (as
+IPython transforms them: cells.py) and calls each exercise's function on the grader's inputs
+through the one runner of the exercise floor (`outcomes.run`); the parent relays the child's
+frames and stops a child that overruns. A child that dies or overruns while a function runs
+is replaced by a new one, which executes the notebook again and goes on with the next exercise.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import time
 import types
 
 from ..exercises import outcomes
-from . import wire
+from . import cells, wire
 
 # A line that calls an exercise's check: the grader calls the function itself, on hidden cases.
 CHECK_LINE = re.compile(r"^(\s*)(?:_\s*=\s*|assert\s+)?check_\w+\(\s*[A-Za-z_]\w*\s*\)"
@@ -440,7 +440,8 @@ def _call(i: int, k: int, j: int, exercise: str, fn, args: tuple) -> bytes:
 
 
 def _cells(path: str) -> list[tuple[int, str]]:
-    """(cell number from 1, source) of each code cell, IPython magics and shell lines dropped."""
+    """(cell number from 1, Python) of each code cell, as IPython transforms it (cells.py):
+    magics and shell escapes become calls of `get_ipython()`, no Python line changes."""
     with open(path, encoding="utf-8") as f:
         nb = json.load(f)
     out = []
@@ -449,11 +450,11 @@ def _cells(path: str) -> list[tuple[int, str]]:
             continue
         source = cell.get("source", "")
         source = "".join(source) if isinstance(source, list) else str(source)
-        if source.lstrip().startswith("%%"):
-            continue
-        lines = [ln for ln in source.split("\n") if not ln.lstrip().startswith(("%", "!"))]
-        lines = [CHECK_LINE.sub(r"\1pass", ln) for ln in lines]
-        out.append((n, "\n".join(lines)))
+        lines = [CHECK_LINE.sub(r"\1pass", ln) for ln in source.split("\n")]
+        try:
+            out.append((n, cells.transform("\n".join(lines))))
+        except Exception:  # IPython could not read it: Python will say why
+            out.append((n, "\n".join(lines)))
     return out
 
 
@@ -472,13 +473,18 @@ def _execute(path: str, limit: float) -> tuple[dict, list, str | None]:
     ns["__builtins__"] = builtins
     ns["display"] = lambda *objects, **kwargs: None  # IPython's display, a no-op here
     try:
-        cells = _cells(path)
-    except (OSError, ValueError, AttributeError) as exc:
+        code = _cells(path)
+    except (OSError, ValueError, AttributeError, RecursionError, MemoryError) as exc:
         return ns, [], f"unreadable: {_text(exc)}"
     errors: list = []
+    at = [0]
+    shell = cells.Shell(ns, lambda what: errors.append(
+        [at[0], f"{cells.UNAVAILABLE}: {what[:200]}"]))
+    ns["get_ipython"] = lambda: shell
     deadline = time.monotonic() + limit
     signal.signal(signal.SIGALRM, _on_alarm)
-    for n, source in cells:
+    for n, source in code:
+        at[0] = n
         left = deadline - time.monotonic()
         if left <= 0:
             return ns, errors, f"the time limit of {limit:g} s was reached before cell {n}"
