@@ -511,3 +511,90 @@ def test_a_notebook_with_magics_and_shell_escapes_is_graded_as_jupyter_runs_it(t
     assert [r["status"] for r in judged] == ["passed"], rows
     notes = " ".join(r["message"] for r in rows if not r["exercise"])
     assert "magic not available while grading: !pip install something" in notes
+
+
+# ----------------------------------------------------------------------------------------------
+# Delegation seen however it is reached.
+
+BASES = {  # ways to reach the package's own linear_backward, as g0
+    "name": "from xenith_edu.linear import linear_backward as g0",
+    "attribute": "import xenith_edu.linear as m\ng0 = m.linear_backward",
+    "getattr": "import importlib\ng0 = getattr(importlib.import_module('xenith_edu.' + "
+               "'linear'), 'linear_' + 'backward')",
+    "sys.modules": "import sys, xenith_edu.linear\n"
+                   "g0 = sys.modules['xenith_edu.linear'].__dict__['linear_backward']",
+    "copied code": "import types, xenith_edu.linear as m\nf = m.linear_backward\n"
+                   "g0 = types.FunctionType(f.__code__.replace(co_name='mine'), f.__globals__)",
+    "via the model": "import xenith_edu.linear as m\ng0 = vars(m)['linear_backward']",
+}
+WRAPPERS = [  # each makes g{i} from g{i-1}
+    "import functools\ng{i} = functools.partial(g{j})",
+    "g{i} = lambda *a, _g=g{j}: _g(*a)",
+    "def make{i}(h):\n    def inner(*a):\n        return h(*a)\n    return inner\n"
+    "g{i} = make{i}(g{j})",
+    "class C{i}:\n    def __call__(self, *a):\n        return g{j}(*a)\ng{i} = C{i}()",
+    "g{i} = [g{j}][0]",
+    "def g{i}(*a):\n    import sys\n    sys.setprofile(None)\n    return g{j}(*a)",
+    "g{i} = {{'k': g{j}}}['k']",
+]
+
+
+@st.composite
+def delegating_notebook(draw) -> str:
+    code = [BASES[draw(st.sampled_from(sorted(BASES)))]]
+    depth = draw(st.integers(0, 3))
+    for i in range(1, depth + 1):
+        code.append(draw(st.sampled_from(WRAPPERS)).format(i=i, j=i - 1))
+    code.append(f"def f(dY, X, W):\n    return g{depth}(dY, (X, W))")
+    return "\n".join(code)
+
+
+@settings(max_examples=1, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ways=st.lists(delegating_notebook(), min_size=8, max_size=8, unique=True))
+def test_a_call_into_the_package_s_answer_is_delegated_whatever_path_reaches_it(tmp_path,
+                                                                                ways):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    nbformat.write(HONEST, str(tmp_path / "lesson.ipynb"))
+    nbformat.write(HONEST, str(subs / "honest.ipynb"))
+    for n, way in enumerate(ways):
+        cells = ["from xenith_edu.exercises import check_linear_backward", way,
+                 "_ = check_linear_backward(f)"]
+        nbformat.write(new_notebook(cells=[new_code_cell(c) for c in cells]),
+                       str(subs / f"way{n}.ipynb"))
+    rows = grade(subs, tmp_path / "g.csv", 20, instructor=tmp_path / "lesson.ipynb", jobs=2,
+                 call_time=5.0)
+    status = {r["learner"]: r["status"] for r in rows if r["exercise"]}
+    assert status.pop("honest") == "passed"
+    wrong = {ways[int(k[3:])]: v for k, v in status.items() if v != "delegated"}
+    assert not wrong, wrong
+
+
+def test_the_sandbox_material_holds_no_reference_case_generator_mistake_list_or_check():
+    import ast
+
+    from xenith_edu.classroom.material import SPEC_PARTS, material
+    from xenith_edu.classroom.roster import chapter_notebooks
+    from xenith_edu.classroom.student import _read_notebook
+
+    sources = [c.source for p in chapter_notebooks() for c in _read_notebook(p).cells
+               if c.cell_type == "code"]
+    every = []  # the teacher importing every catalogue symbol of every module
+    for spec in SPECS.values():
+        module = f"xenith_edu.exercises.{spec.chapter}"
+        names = [n for n in vars(__import__(module, fromlist=["x"])) if not n.startswith("__")]
+        every.append(f"from {module} import {', '.join(names)}")
+    for given_ in (sources, every):
+        for module, source in material(given_).items():
+            defined = {n.name for n in ast.parse(source).body
+                       if isinstance(n, ast.FunctionDef | ast.ClassDef)} | \
+                {t.id for n in ast.parse(source).body if isinstance(n, ast.Assign)
+                 for t in n.targets if isinstance(t, ast.Name)}
+            for spec in SPECS.values():
+                parts = [getattr(spec, p, None) for p in SPEC_PARTS]
+                held = {f.__name__ for f in parts if callable(f) and f.__module__ == module}
+                assert not held & defined, (module, spec.id, held & defined)
+                assert spec.reference_name.rpartition(".")[2] not in defined or \
+                    not spec.reference_name.startswith(module + "."), (module, spec.id)
+            assert not any(n.startswith("check_") for n in defined), module

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..chapters import chapter
 from ..exercises import SPECS, InPlace, NotCallable, Opaque, Raised, judge
 from . import cells, course, nbread, roster, sandbox, shards, statuses, wire
+from .delegation import targets
 from .journal import Journal, fingerprint
 from .material import material
 from .names import canonical
@@ -63,25 +63,6 @@ def _specs() -> dict:
 
 # ----------------------------------------------------------------------------------------------
 # The request: every exercise's function and the inputs it gets, drawn now.
-
-
-def targets(spec) -> list[str]:
-    """The package's own function for an exercise, which the sandbox wraps to report calls."""
-    out = [f"spec:{spec.id}"]
-    name = spec.reference_name
-    if re.fullmatch(r"xenith_edu(\.\w+)+", name):
-        out.append(name)  # "xenith_edu.rmsnorm.rmsnorm_backward"
-    prefix = re.match(r"xenith_edu(\.\w+)*", name)
-    modules = [prefix.group(0)] if prefix else []
-    try:  # a function named as the exercise in the chapter's modules: xenith_edu.linear...
-        modules += [f"xenith_edu.{m}" for m in chapter(spec.chapter).modules]
-    except ValueError:
-        pass
-    for module in modules:
-        mod = sys.modules.get(module)
-        if mod is not None and callable(getattr(mod, spec.id, None)):
-            out.append(f"{module}.{spec.id}")
-    return list(dict.fromkeys(out))
 
 
 def case_seed(assignment: int, nb: str, ex: str) -> int:

@@ -122,6 +122,10 @@ class Spec:
     # as the same sum with a term missing, a sign, a scale or a slip, so unseen mistakes get a name
     terms: Callable[[tuple], dict[str, list]] | None = None
     hints: tuple[str, ...] = ()  # the rule, the line, the formula: given one at a time
+    # package functions (dotted) a learner's function may call although the reference calls
+    # them (RoPE's tables, say): the grader records any other call into what computes the
+    # answer as "delegated"
+    may_call: tuple[str, ...] = ()
 
     @property
     def chapter(self) -> str:
