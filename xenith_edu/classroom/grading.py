@@ -37,7 +37,7 @@ from .material import material
 from .names import canonical
 from .points import read_parts
 from .roster import Exercise, learner_notebooks, match, submissions, teacher_exercises
-from .statuses import Row
+from .statuses import Found, GradeRow, Row
 
 STATUSES = statuses.STATUSES
 CSV_FIELDS = course.CSV_FIELDS
@@ -202,18 +202,18 @@ def _verdict(result) -> tuple[str, str, str]:
 
 def notebook_rows(nb: str, rel: str | None, exercises: list[Exercise], kept: dict,
                   reply: NotebookReply | None, problem: str | None, options: Options
-                  ) -> list[tuple[str, str, str, str]]:
+                  ) -> list[Found]:
     """(notebook, exercise, status, message) rows of one teacher's notebook for one learner."""
     if rel is None:
-        return [("", e.id, Row.MISSING, f"no {nb} was submitted", "") for e in exercises]
+        return [Found("", e.id, Row.MISSING, f"no {nb} was submitted", "") for e in exercises]
     if reply is None or reply.ran is None:
         why = _why_not_run(reply, problem, options)
-        return [(rel, e.id, Row.NOTEBOOK_ERROR, why, "") for e in exercises] or \
-            [(rel, "", Row.NOTEBOOK_ERROR, why, "")]
+        return [Found(rel, e.id, Row.NOTEBOOK_ERROR, why, "") for e in exercises] or \
+            [Found(rel, "", Row.NOTEBOOK_ERROR, why, "")]
     stopped = str(reply.ran.get("stopped") or "")
     if stopped.startswith("unreadable: "):
         why = f"{rel} is not a valid notebook ({stopped[12:][:200]})"
-        return [(rel, e.id, Row.NOTEBOOK_ERROR, why, "") for e in exercises]
+        return [Found(rel, e.id, Row.NOTEBOOK_ERROR, why, "") for e in exercises]
     rows = []
     for k, ex in enumerate(exercises):
         try:
@@ -222,14 +222,14 @@ def notebook_rows(nb: str, rel: str | None, exercises: list[Exercise], kept: dic
         except wire.ChannelError as exc:
             status, message, mistake = (Row.NOTEBOOK_ERROR,
                                         f"the sandbox's reply could not be read: {exc}", "")
-        rows.append((rel, ex.id, status, message, mistake))
+        rows.append(Found(rel, ex.id, status, message, mistake))
     errors = [f"cell {n}: {text}" if text.startswith(cells.UNAVAILABLE) else
               f"cell {n} raised {text}" for n, text in reply.ran.get("errors", [])[:3]
               if isinstance(text, str)]
     if reply.ran.get("stopped"):
         errors.append(str(reply.ran["stopped"]))
     if errors:
-        rows.append((rel, "", Row.NOTEBOOK_ERROR, "; ".join(errors), ""))
+        rows.append(Found(rel, "", Row.NOTEBOOK_ERROR, "; ".join(errors), ""))
     return rows
 
 
@@ -261,10 +261,10 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
     walked = roster.walk(source)
     if walked.over:  # nothing of it is read, nor run
         why = f"[over the limit] not graded: {walked.over}"
-        return [("", e.id, roster.OVER_LIMIT, why, "") for _, ex in teacher for e in ex], {}
+        return [Found("", e.id, roster.OVER_LIMIT, why, "") for _, ex in teacher for e in ex], {}
     mine = learner_notebooks(source)
     if not mine:
-        return [("", "", Row.NOTEBOOK_ERROR, "no notebook (.ipynb) in this folder", "")], {}
+        return [Found("", "", Row.NOTEBOOK_ERROR, "no notebook (.ipynb) in this folder", "")], {}
     matched = match([name for name, _ in teacher], mine)
     plan = [(name, matched[name], ex) for name, ex in teacher if matched[name] is not None]
     problem, replies, kept, retry, found, tampered = None, [], {}, False, {}, None
@@ -285,7 +285,7 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
             problem = str(exc)
         except nbread.OverLimit as exc:
             why = f"[over the limit] not graded: {exc}"
-            return [("", e.id, Row.OVER_LIMIT, why, "") for _, ex in teacher for e in ex], {}
+            return [Found("", e.id, Row.OVER_LIMIT, why, "") for _, ex in teacher for e in ex], {}
         finally:
             sandbox.remove_tree(tmp)
     rows, at = [], {name: i for i, (name, _, _) in enumerate(plan)}
@@ -294,14 +294,14 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
         reply = replies[i] if i is not None and i < len(replies) else None
         rows += notebook_rows(name, matched[name], exercises, kept, reply, problem, options)
     if tampered:  # the learner's code wrote on the channel: nothing it sent counts
-        rows = [(nb, ex, wire.PROTOCOL_ERROR, wire.tampering(tampered), "")
+        rows = [Found(nb, ex, wire.PROTOCOL_ERROR, wire.tampering(tampered), "")
                 for nb, ex, *_ in rows if ex] or \
-            [("", "", wire.PROTOCOL_ERROR, wire.tampering(tampered), "")]
+            [Found("", "", wire.PROTOCOL_ERROR, wire.tampering(tampered), "")]
     seeds = {f"{nb}/{ex}": seed for (nb, ex), (seed, _) in kept.items()}
     seeds.update({f"{name}/seconds of its cells": r.ran.get("seconds") for (name, _, _), r
                   in zip(plan, replies, strict=False) if r.ran is not None})
     if walked.unreadable:
-        rows.append(("", "", roster.UNREADABLE, "not opened, not copied to the sandbox: "
+        rows.append(Found("", "", roster.UNREADABLE, "not opened, not copied to the sandbox: "
                      + "; ".join(walked.unreadable[:20])[:2000], ""))
     if retry:
         seeds["retry"] = True
@@ -478,7 +478,7 @@ def _setup(path: Path, course_of: tuple, resume: bool, seed: int | None, options
 def _kept(record: dict) -> tuple[list[tuple], dict]:
     """The rows and written answers of a learner kept from the journal."""
     kept = record.get("answers")
-    return [tuple(r) for r in record["rows"]], kept if isinstance(kept, dict) else {}
+    return [GradeRow(*r) for r in record["rows"]], kept if isinstance(kept, dict) else {}
 
 
 def _graded(learner: str, source: Path, teacher: list, options: Options, slot: int,
@@ -489,11 +489,11 @@ def _graded(learner: str, source: Path, teacher: list, options: Options, slot: i
         return grade_learner(learner, source, teacher, options, slot, fonts)
     except (MemoryError, RecursionError) as exc:  # this learner's, never the class's failure
         why = f"[over the limit] not graded: the grader ran out of {type(exc).__name__[:-5]}"
-        return [("", "", Row.OVER_LIMIT, why.replace("Recursion", "recursion depth")
+        return [Found("", "", Row.OVER_LIMIT, why.replace("Recursion", "recursion depth")
                  .replace("Memory", "memory"), "")], {}
     except (OSError, ValueError, RuntimeError) as exc:
         why = roster.display(f"{type(exc).__name__}: {exc}")[:300]
-        return [("", "", Row.NOTEBOOK_ERROR, f"the grader could not grade this submission "
+        return [Found("", "", Row.NOTEBOOK_ERROR, f"the grader could not grade this submission "
                  f"({why}); --resume tries again", "")], {"retry": True}
 
 
@@ -510,7 +510,7 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
         learner, source, problem = entry
         key = source.name if source is not None else learner
         if source is None:
-            rows = [("", "", problem.status, problem.text, "")]
+            rows = [Found("", "", problem.status, problem.text, "")]
         else:
             stamp = fingerprint(source)
             record = journal.done(key, stamp)
@@ -522,7 +522,7 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
             finally:
                 slots.put(slot)
             prefix = f"{canonical(roster.display(source.name))}/" if source.is_dir() else ""
-            rows = [(learner, prefix + nb if nb else "", ex, st, msg, mistake)
+            rows = [GradeRow(learner, prefix + nb if nb else "", ex, st, msg, mistake)
                     for nb, ex, st, msg, mistake in found]
             if sandbox.ABORT.is_set():
                 raise KeyboardInterrupt  # its sandbox was ended: not a grade
@@ -532,7 +532,7 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
                 journal.append({"learner": key, "fingerprint": stamp, "rows": rows,
                                 "seeds": seeds, "answers": found, "seconds": seconds})
             return rows, found
-        return [(learner, *r) for r in rows], {}
+        return [GradeRow(learner, *r) for r in rows], {}
 
     def tracked(entry):
         rows, found = one(entry)

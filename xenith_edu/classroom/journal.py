@@ -101,7 +101,8 @@ class Journal:
             except ValueError:
                 continue  # the last line, cut short when the grader was killed
             if isinstance(record, dict) and isinstance(record.get("learner"), str) and \
-                    isinstance(record.get("rows"), list):
+                    isinstance(record.get("rows"), list) and \
+                    all(isinstance(r, list) and len(r) == 6 for r in record["rows"]):
                 records.append(record)
         return records
 

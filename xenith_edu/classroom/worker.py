@@ -72,6 +72,7 @@ def main() -> None:
             for ex in exercises:
                 ex["codes"] = observe(ex["targets"])
         sys.addaudithook(_audit)  # for good: no learner code can remove it
+        guard_threads()
     except Exception as exc:  # the request or the setup failed: say so, the grader records it
         wire.write_frame(rep, wire.pack({"op": "error", "text": _text(exc)}))
         os._exit(3)
@@ -269,6 +270,30 @@ def _profile(frame, event: str, arg) -> None:
         name = watched.get(code) or watched.get(code.co_code)
         if name is not None:
             _STATE["hits"].add(name)
+
+
+def _start_thread(function, args=(), kwargs=None):
+    """`_thread.start_new_thread` in the sandbox: the new thread is observed too."""
+    def observed(*a, **k):
+        _watch(True)
+        return function(*a, **k)
+
+    return _START["original"](observed, args, kwargs or {})
+
+
+_START: dict = {}
+
+
+def guard_threads() -> None:
+    """Every thread the learner's code starts runs under the observer (sys.setprofile is one
+    thread's; where the sandbox's process limit does not already forbid threads)."""
+    import _thread  # the one way Python starts a thread
+    import threading  # holds its own reference to it
+
+    if not _START:
+        _START["original"] = _thread.start_new_thread
+        _thread.start_new_thread = _start_thread
+        threading._start_new_thread = _start_thread
 
 
 def _audit(event: str, args: tuple) -> None:

@@ -6,24 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
 
 import numpy as np
 
-
-class Status(str, Enum):
-    """What a check concluded. A `str`, so that CSV and JSON write its value ("passed")."""
-
-    PASSED = "passed"
-    FAILED = "failed"
-    NOT_ATTEMPTED = "not attempted"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
+from .outcomes import Status  # one enum for the checks and the grader (the sandbox sees it)
 
 HINT_STEPS = ("the rule", "the line", "the formula")
 _hints_given: dict[str, int] = {}  # per exercise: how many of its hints this process has given
