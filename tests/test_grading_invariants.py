@@ -600,3 +600,34 @@ def test_the_sandbox_material_holds_no_reference_case_generator_mistake_list_or_
                 assert spec.reference_name.rpartition(".")[2] not in defined or \
                     not spec.reference_name.startswith(module + "."), (module, spec.id)
             assert not any(n.startswith("check_") for n in defined), module
+
+
+# ----------------------------------------------------------------------------------------------
+# A class mixing honest learners with every kind: every honest grade intact, and the same.
+
+
+def test_a_class_of_every_kind_leaves_the_honest_grades_intact_and_identical(tmp_path):
+    import unicodedata
+
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    nbformat.write(HONEST, str(tmp_path / "lesson.ipynb"))
+    honest = ["ann", unicodedata.normalize("NFD", "zoë"), "Bob", "bob", "x;=1+1",
+              "eve\x1b[2J"]
+    for name in honest:
+        nbformat.write(HONEST, str(subs / f"{name}.ipynb"))
+    magic = new_notebook(cells=[new_code_cell("%matplotlib inline\n!pip install x"),
+                                *HONEST.cells])
+    nbformat.write(magic, str(subs / "magic.ipynb"))
+    (subs / "bomb.ipynb").write_bytes(_bomb(b"{},", 21_000_000))
+    delegate = ["from xenith_edu.exercises import check_linear_backward",
+                BASES["getattr"] + "\ndef f(dY, X, W):\n    return g0(dY, (X, W))",
+                "_ = check_linear_backward(f)"]
+    nbformat.write(new_notebook(cells=[new_code_cell(c) for c in delegate]),
+                   str(subs / "del.ipynb"))
+    rows = grade(subs, tmp_path / "g.csv", 20, instructor=tmp_path / "lesson.ipynb", jobs=2,
+                 call_time=5.0, memory=2**30)
+    judged = {r["learner"]: (r["status"], r["message"]) for r in rows if r["exercise"]}
+    assert judged.pop("del")[0] == "delegated" and judged.pop("bomb")[0] == "over the limit"
+    assert len(set(judged.values())) == 1 and next(iter(judged.values()))[0] == "passed"
+    assert len(judged) == len(honest) + 1  # Bob and bob both graded, apart
