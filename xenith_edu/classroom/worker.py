@@ -44,7 +44,8 @@ OPEN_MODULES = ("outcomes",)  # the exercise floor's modules the sandbox may imp
 _MATERIAL: dict[str, str] = {}  # catalogue module -> the teacher's helpers' source
 _MODULES: set[str] = set()  # the catalogue's module names: each a placeholder in the sandbox
 # the exercise being called, the package functions it may not call, and the calls seen
-_STATE: dict = {"active": None, "codes": {}, "hits": set(), "own": False}
+_STATE: dict = {"active": None, "codes": {}, "hits": set(), "own": False, "self": None}
+COPY_MIN = 200  # bytes of bytecode from which a copied code object is matched by its bytecode
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -259,13 +260,16 @@ def observe(targets: list[str]) -> dict:
         code = getattr(fn, "__code__", None)
         if isinstance(code, types.CodeType):
             seen[code] = dotted
-            seen[code.co_code] = dotted
+            if len(code.co_code) >= COPY_MIN:  # too short, and an honest one could match it
+                seen[code.co_code] = dotted
     return seen
 
 
 def _profile(frame, event: str, arg) -> None:
     if event == "call":
         code = frame.f_code
+        if code is _STATE["self"]:
+            return  # the learner's function itself: judged, never "delegated" to
         watched = _STATE["codes"]
         name = watched.get(code) or watched.get(code.co_code)
         if name is not None:
@@ -451,6 +455,7 @@ def _call(i: int, k: int, j: int, ex: dict, fn, args: tuple) -> bytes:
     its outcome (the value, or what it raised, or the argument it changed in place), and the
     package functions it handed the work to."""
     _STATE["hits"], _STATE["codes"] = set(), ex.get("codes") or {}
+    _STATE["self"] = getattr(fn, "__code__", None)
     _watch(True)
     _STATE["active"] = ex["id"]
     t0 = time.perf_counter()
