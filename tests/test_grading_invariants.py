@@ -320,7 +320,8 @@ def test_every_output_is_readable_by_the_group_and_no_wider_under_any_umask(
 
 ANY_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
 TRIGGER_TEXT = st.lists(st.sampled_from(["=", "+", "-", "@", "\t", "\r", ";", " ", "'", "a",
-                                         "1", ",", '"', "\n"]), max_size=20).map("".join)
+                                         "1", ",", '"', "\n", "\u00a0", "\u3000"]),
+                        max_size=20).map("".join)
 
 
 @settings(max_examples=300, deadline=None)
@@ -331,7 +332,8 @@ def test_a_csv_cell_is_text_in_any_list_separator_and_reads_back_exactly(text):
     safe = safe_cell(text)
     assert unsafe_cell(safe) == text
     for piece in safe.split(";"):
-        assert not piece.lstrip(" ").startswith(TRIGGERS), (text, safe)
+        assert not piece.lstrip().startswith(TRIGGERS), (text, safe)
+        assert not piece.startswith(TRIGGERS), (text, safe)
 
 
 @settings(max_examples=200, deadline=None)

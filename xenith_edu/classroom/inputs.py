@@ -20,13 +20,18 @@ MAX_BYTES = 128 << 20  # a roster or sheet larger than this is not one
 TRIGGERS = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet takes for a formula (OWASP)
 
 
+def _risky(piece: str) -> bool:
+    """A piece a spreadsheet may run: a formula character first, or past any white space."""
+    marks = (*TRIGGERS, "'")
+    return piece.startswith(marks) or piece.lstrip().startswith(marks)
+
+
 def _guard(piece: str) -> str:
-    return "'" + piece if piece.lstrip(" ").startswith((*TRIGGERS, "'")) else piece
+    return "'" + piece if _risky(piece) else piece
 
 
 def _unguard(piece: str) -> str:
-    return piece[1:] if piece.startswith("'") and \
-        piece[1:].lstrip(" ").startswith((*TRIGGERS, "'")) else piece
+    return piece[1:] if piece.startswith("'") and _risky(piece[1:]) else piece
 
 
 def safe_cell(value: object) -> str:
