@@ -238,9 +238,9 @@ def _apart(found: list) -> list:
                 new += "'"
             if key not in taken:
                 out.append((learner, None, Problem(COLLISION, (
-                    f"{len(count[key])} submissions would be the learner {learner} (the same "
-                    f"name, with or without case): {', '.join(count[key])}; each is graded "
-                    "apart, under its own name"))))
+                    f"{len(count[key])} submissions would be the learner {learner}: "
+                    f"{', '.join(count[key])}; each is graded apart, under its own name (names "
+                    "equal with or without case are one learner's)"))))
                 taken.add(key)
             learner = new
         taken.add(fold(learner))
