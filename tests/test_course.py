@@ -77,8 +77,13 @@ def the_class(root: Path) -> dict:
     return {"inst": inst, "subs": subs, "roster": roster, "csv": root / "out" / "grades.csv"}
 
 
+MTIME_LATE = "late by 2 days, by the file's modification time"
+
+
 def run(paths: dict, **more) -> list[dict]:
     paths["csv"].parent.mkdir(exist_ok=True)
+    if "timestamps" not in more:  # the files' times, as the teacher asks for them
+        more["late_from_mtime"] = True
     return grade(paths["subs"], paths["csv"], 20, instructor=paths["inst"], jobs=2, seed=3,
                  call_time=5.0, roster=paths["roster"], deadline=DUE.isoformat(),
                  late_penalty=0.1, export=("canvas", "moodle"),
@@ -139,11 +144,11 @@ def test_a_submission_on_no_roster_is_graded_and_reported(course):
 
 def test_late_work_is_marked_and_loses_its_penalty_per_day(course):
     dan = rows_of(course, "dan")
-    assert {r["late"] for r in dan.values()} == {"late by 2 days"}
+    assert {r["late"] for r in dan.values()} == {MTIME_LATE}
     assert dan["linear_backward"]["status"] == "passed"  # the tagged sleep was skipped
     assert "ran" not in " ".join(r["message"] for r in dan.values())
     t = course["totals"]["dan"]
-    assert t["late"] == "late by 2 days" and t["total"] == "3.2"  # 4 points, less 20%
+    assert t["late"] == MTIME_LATE and t["total"] == "3.2"  # 4 points, less 20%
     assert all(r["late"] == "" for r in rows_of(course, "alice").values())
     assert "late by 2 days" in (course["out"] / "feedback" / "dan.html").read_text()
 
@@ -224,14 +229,19 @@ def test_an_lms_timestamps_file_and_a_cut_off_decide_lateness(course):
     rows = run(course, timestamps=stamps, resume=True,
                late_cutoff=(DUE + timedelta(hours=12)).isoformat())
     late = {r["learner"]: r["late"] for r in rows}
-    assert late["alice"] == "late by 1 day" and late["dan"] == "" and late["bob"] == ""
+    assert late["alice"] == "late by 1 day, by the LMS's timestamps" and late["dan"] == ""
+    assert late["bob"] == ""  # not in the file: reported, not judged by the file's time
+    report = (course["out"] / "grades.md").read_text()
+    assert "no time in the timestamps file" in report and "**bob**" in report
+    assert "Lateness judged by the LMS's timestamps" in report
     t = {line["learner"]: line for line in table(course["out"] / "grades.totals.csv")}
     assert t["alice"]["total"] == "4.95" and t["dan"]["total"] == "4"  # (4 + 1.5) x 0.9
     stamps.write_text(f"id,submitted\nalice,{(DUE + timedelta(days=1)).isoformat()}\n")
     run(course, timestamps=stamps, resume=True,
         late_cutoff=(DUE + timedelta(hours=12)).isoformat())
     t = {line["learner"]: line for line in table(course["out"] / "grades.totals.csv")}
-    assert t["alice"]["total"] == "0" and t["alice"]["late"] == "late by 1 day, after the cut-off"
+    assert t["alice"]["total"] == "0" and t["alice"]["late"] == \
+        "late by 1 day, after the cut-off, by the LMS's timestamps"
 
 
 def test_bad_points_in_the_teacher_s_notebook_are_one_line(tmp_path):

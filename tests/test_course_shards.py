@@ -14,7 +14,8 @@ from test_course import DUE, the_class
 from xenith_edu import cli
 from xenith_edu.classroom import grade, grade_merge
 
-OPTIONS = {"deadline": DUE.isoformat(), "late_penalty": 0.1, "export": ("canvas", "moodle")}
+OPTIONS = {"deadline": DUE.isoformat(), "late_penalty": 0.1, "export": ("canvas", "moodle"),
+           "late_from_mtime": True}
 FILES = ("grades.csv", "grades.totals.csv", "grades.canvas.csv", "grades.moodle.csv",
          "grades.written.csv")
 
@@ -47,7 +48,7 @@ def test_two_shards_merged_equal_one_run(runs, capsys):
     out = split / "grades.csv"
     assert cli.main(["grade-merge", str(split / "part1.csv"), str(split / "part2.csv"),
                      "--out", str(out), "--roster", str(runs["roster"]),
-                     "--deadline", DUE.isoformat(), "--late-penalty", "0.1",
+                     "--deadline", DUE.isoformat(), "--late-penalty", "0.1", "--late-from-mtime",
                      "--export", "canvas", "--export", "moodle",
                      "--feedback", str(split / "feedback")]) == 0
     assert "joined 2 shard(s)" in capsys.readouterr().out

@@ -451,11 +451,12 @@ def test_the_journal_drops_a_torn_line_and_refuses_other_exercises(tmp_path):
 
     path = tmp_path / "g.journal.jsonl"
     journal = Journal(path, "key1", resume=False)
-    journal.append({"learner": "a", "fingerprint": "f", "rows": [["a", "", "", "passed", ""]]})
+    journal.append({"learner": "a", "fingerprint": "f",
+                    "rows": [["a", "", "", "passed", "", ""]]})
     with path.open("a") as f:
         f.write('{"learner": "b", "fingerpr')  # the grader was killed mid-line
     again = Journal(path, "key1", resume=True)
     assert list(again.kept) == ["a"] and again.done("a", "f") and not again.done("a", "g")
-    assert path.read_text().endswith('"passed", ""]]}\n')  # the torn line is gone
+    assert path.read_text().endswith('"passed", "", ""]]}\n')  # the torn line is gone
     with pytest.raises(ValueError, match="written for other exercises"):
         Journal(path, "key2", resume=True)

@@ -1,14 +1,16 @@
 """The classroom: student versions of the chapter notebooks, and grading a class in a sandbox.
 
 `make_student_versions` (student.py) strips the nbgrader-marked solutions. `grade` (grading.py)
-takes the exercises from the teacher's notebooks (roster.py), runs each learner's notebooks in
-a sandbox (sandbox.py, worker.py, over the channel of wire.py, with the teacher's helpers of
-material.py and without the exercise catalogue), judges the returned values in
+takes the exercises from the teacher's notebooks (roster.py, learners' names made canonical by
+names.py), reads each learner's notebooks under limits (nbread.py), runs them in a sandbox
+(sandbox.py, worker.py, cells as IPython transforms them in cells.py, over the channel of
+wire.py, with the teacher's helpers of material.py and without the exercise catalogue),
+watches the calls into what computes each answer (delegation.py), judges the returned values in
 the grader's own process, journals each learner's rows as soon as they are known (journal.py),
 and ends as a course (course.py): points and written questions from the teacher's notebooks
 (points.py), the roster, times and filled sheet read as foreign input (inputs.py), the CSV,
-totals, report (report.py), feedback and LMS files (exports.py). `grade_merge` (shards.py)
-joins the shards of a class graded with `shard="K/N"`.
+totals, report (report.py), feedback and LMS files (exports.py), each written 0640
+(outfiles.py). `grade_merge` (shards.py) joins the shards of a class graded with `shard="K/N"`.
 """
 
 from __future__ import annotations

@@ -9,14 +9,15 @@ run and the merge of shards (shards.py) both end here, so their files are the sa
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from ..tools.util import atomic_write_text
 from .exports import csv_text, num, write_exports, write_feedback
 from .inputs import LatePolicy, Person, late_policy, read_filled, read_roster, read_timestamps
-from .journal import group_readable
+from .names import escape_controls
+from .outfiles import write_text
 from .points import Part
 from .report import write_report
 from .roster import COLLISION
@@ -29,7 +30,9 @@ SHEET_FIELDS = ("learner", "notebook", "question", "max_points", "prompt", "answ
                 "comment")
 EXPORTS = ("canvas", "moodle")
 OPTIONS = ("roster", "timestamps", "written", "feedback", "export", "deadline", "late_penalty",
-           "late_cutoff")  # the course's options of grade() and grade_merge()
+           "late_cutoff", "late_from_mtime")  # the course's options of grade() and grade_merge()
+# where a submission's time comes from: the one source the teacher stated
+FROM_TIMESTAMPS, FROM_MTIME = "by the LMS's timestamps", "by the file's modification time"
 
 
 @dataclass
@@ -56,6 +59,7 @@ class Policy:
     filled: dict = field(default_factory=dict)  # (learner, question) -> (points, comment)
     feedback: Path | None = None
     export: tuple[str, ...] = ()
+    source: str = ""  # FROM_TIMESTAMPS, FROM_MTIME, or "" (no deadline: nobody is late)
 
 
 @dataclass
@@ -165,7 +169,7 @@ def class_rows(people: list[Learner], base: dict[str, list[tuple]], parts: list[
         else:
             found = [(learner.id, *r[1:]) for r in base[e.key]]
         found += _written_rows(learner, parts, pol.filled)
-        mark = pol.late.judge(_when(learner, pol))[2]
+        mark = _mark(pol.late.judge(_when(learner, pol))[2], pol)
         for lid, nb, ex, status, message, mistake in found:
             most = asked[ex] if ex in asked else worth.get(ex)
             got = _got(status, most, pol.filled.get((lid, ex)))
@@ -187,11 +191,26 @@ def _got(status: str, most: float | None, filled: tuple | None) -> float:
 
 
 def _when(learner: Learner, pol: Policy) -> datetime | None:
-    if learner.id in pol.times:
-        return pol.times[learner.id]
-    if learner.entry is not None and learner.entry.time is not None:
+    """The submission's time from the one source the teacher stated, never another."""
+    if pol.source == FROM_TIMESTAMPS:
+        return pol.times.get(learner.id)
+    if pol.source == FROM_MTIME and learner.entry is not None and \
+            learner.entry.time is not None:
         return datetime.fromtimestamp(learner.entry.time).astimezone()
     return None
+
+
+def _mark(mark: str, pol: Policy) -> str:
+    """A late mark says which source judged it."""
+    return f"{mark}, {pol.source}" if mark else ""
+
+
+def untimed(people: list[Learner], pol: Policy) -> list[str]:
+    """The learners who handed work in but whom the timestamps file leaves without a time:
+    reported, with a warning, and not judged late."""
+    if pol.source != FROM_TIMESTAMPS:
+        return []
+    return [p.id for p in people if p.entry is not None and p.id not in pol.times]
 
 
 def totals(people: list[Learner], rows: list[dict], parts: list[Part], pol: Policy
@@ -210,6 +229,7 @@ def totals(people: list[Learner], rows: list[dict], parts: list[Part], pol: Poli
     out = []
     for p in people:
         days, factor, mark = pol.late.judge(_when(p, pol))
+        mark = _mark(mark, pol)
         subs = {ch: v * factor for ch, v in raw[p.id].items()}
         total = sum(subs.values())
         line = {"learner": p.id, "name": p.person.name if p.person else "",
@@ -255,25 +275,24 @@ def finish(out_csv: Path, entries: list[Entry], base: dict[str, list[tuple]],
     rows += [dict(zip(CSV_FIELDS, (e.learner, "", "", e.status, "", "", "", e.problem, ""),
                       strict=True)) for e in collided]
     lines = totals(people, rows, parts, pol)
+    missing = untimed(people, pol)
+    if missing:
+        print(f"xenith-edu grade: warning: {len(missing)} learner(s) handed work in but have no "
+              f"time in the timestamps file, and are not judged late: "
+              f"{', '.join(map(escape_controls, missing[:10]))}", file=sys.stderr, flush=True)
+    meta = {**meta, "untimed": missing, "source": pol.source}
     files = outputs(out_csv)
-    written: list[Path] = [out_csv, files["totals"]]
-    atomic_write_text(out_csv, csv_text(CSV_FIELDS, rows))
-    atomic_write_text(files["totals"], csv_text([*TOTAL_FIELDS, *(p.chapter for p in parts)],
-                                                lines))
+    write_text(out_csv, csv_text(CSV_FIELDS, rows))
+    write_text(files["totals"], csv_text([*TOTAL_FIELDS, *(p.chapter for p in parts)], lines))
     if any(part.questions for part in parts):
-        atomic_write_text(files["written"], csv_text(SHEET_FIELDS,
-                                                     sheet_rows(people, parts, pol.filled)))
-        written.append(files["written"])
-    report_path = out_csv.with_name(out_csv.stem + ".md")
+        write_text(files["written"], csv_text(SHEET_FIELDS,
+                                              sheet_rows(people, parts, pol.filled)))
     questions = [q.id for part in parts for q in part.questions]
-    write_report(report_path, rows, {**meta, "csv": out_csv.name, "questions": questions},
-                 people, lines)
-    written.append(report_path)
-    written += write_exports(files, pol.export, people, lines, parts)
+    write_report(out_csv.with_name(out_csv.stem + ".md"), rows,
+                 {**meta, "csv": out_csv.name, "questions": questions}, people, lines)
+    write_exports(files, pol.export, people, lines, parts)
     if pol.feedback is not None:
         write_feedback(pol.feedback, people, rows, lines)
-    for path in written:
-        group_readable(path)
     return rows
 
 
@@ -312,5 +331,24 @@ def from_options(given: dict, entries: list, parts: list, sheet: Path) -> Policy
     late = late_policy(given.get("deadline"), given.get("late_penalty"), given.get("late_cutoff"))
     export = given.get("export") or ()
     export = (export,) if isinstance(export, str) else tuple(export)
-    return policy(path["roster"], late, path["timestamps"], list(dict.fromkeys(sheets)),
-                         entries, parts, path["feedback"], export)
+    pol = policy(path["roster"], late, path["timestamps"], list(dict.fromkeys(sheets)),
+                 entries, parts, path["feedback"], export)
+    pol.source = time_source(late, path["timestamps"], given.get("late_from_mtime"))
+    return pol
+
+
+def time_source(late: LatePolicy, timestamps: Path | None, from_mtime: object) -> str:
+    """The one source of the submission times: the LMS's timestamps, or the files'
+    modification times when the teacher asks for them (a learner or an archive sets those)."""
+    if from_mtime not in (None, False, True):
+        raise TypeError(f"late_from_mtime must be True or False, got {from_mtime!r}")
+    if from_mtime and timestamps is not None:
+        raise ValueError("late_from_mtime: give one source of the submission times, "
+                         "--timestamps or --late-from-mtime, not both")
+    if late.deadline is None:
+        return ""
+    if timestamps is None and not from_mtime:
+        raise ValueError("deadline: say where the submission times come from: --timestamps "
+                         "CSV (the LMS's export), or --late-from-mtime (the files' "
+                         "modification times, which a learner or an archive can set)")
+    return FROM_TIMESTAMPS if timestamps is not None else FROM_MTIME

@@ -5,14 +5,14 @@ import, and one self-contained feedback page per learner, every learner's string
 from __future__ import annotations
 
 import csv
-import hashlib
 import html
 import io
 import re
 from pathlib import Path
 
-from ..tools.util import atomic_write_text
 from .inputs import safe_cell
+from .names import escape_controls, file_stems
+from .outfiles import make_folder, write_text
 
 CANVAS_FIXED = ("Student", "ID", "SIS User ID", "SIS Login ID", "Section")
 # The page asks for nothing: no script, no image, no font, no style sheet from anywhere.
@@ -28,7 +28,8 @@ def csv_text(fields: tuple[str, ...] | list[str], rows: list[dict]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(fields), lineterminator="\n")
     writer.writeheader()
-    writer.writerows({k: safe_cell(v) for k, v in r.items()} for r in rows)
+    writer.writerows({k: safe_cell(escape_controls(v, "\n\t")) for k, v in r.items()}
+                     for r in rows)
     return buf.getvalue()
 
 
@@ -36,7 +37,7 @@ def _lines(header: list[str], rows: list[list[str]]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(header)
-    writer.writerows([safe_cell(c) for c in r] for r in rows)
+    writer.writerows([safe_cell(escape_controls(c, "\n\t")) for c in r] for r in rows)
     return buf.getvalue()
 
 
@@ -85,7 +86,7 @@ def write_exports(files: dict[str, Path], export: tuple[str, ...], people: list,
     written = []
     for name in export:
         make = {"canvas": canvas, "moodle": moodle}[name]
-        atomic_write_text(files[name], make(people, lines, parts))
+        write_text(files[name], make(people, lines, parts))
         written.append(files[name])
     return written
 
@@ -94,16 +95,8 @@ def write_exports(files: dict[str, Path], export: tuple[str, ...], people: list,
 # Feedback: one page per learner.
 
 
-def file_name(learner: str) -> str:
-    """A file name for any learner id: its safe characters, and a hash when some were not."""
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", learner).strip(".")[:80] or "learner"
-    if safe == learner:
-        return safe
-    return f"{safe}-{hashlib.sha256(learner.encode('utf-8', 'replace')).hexdigest()[:8]}"
-
-
 def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    return html.escape(escape_controls(text, "\n"), quote=True)
 
 
 def page(learner, rows: list[dict], line: dict) -> str:
@@ -135,10 +128,11 @@ def page(learner, rows: list[dict], line: dict) -> str:
 
 def write_feedback(folder: Path, people: list, rows: list[dict], lines: list[dict]) -> None:
     """One page per learner into `folder`, named after the learner."""
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder)
     mine: dict[str, list[dict]] = {}
     for r in rows:
         mine.setdefault(r["learner"], []).append(r)
+    stems = file_stems([p.id for p in people])
     for learner, line in zip(people, lines, strict=True):
-        atomic_write_text(folder / f"{file_name(learner.id)}.html",
+        write_text(folder / f"{stems[learner.id]}.html",
                           page(learner, mine.get(learner.id, []), line))

@@ -3,9 +3,10 @@ the verdicts judged here, in the grader's own process, on cases drawn at grading
 
 The teacher's notebooks say which exercises there are: each check cell `check_<id>(<fn>)`
 names an exercise and the learner's function. For each learner, one sandbox runs the learner's
-notebooks of the same names and calls each function on fresh random cases (new seeds, varied
-sizes and settings); only plain arrays and numbers come back. `judge` compares them with the
-package's reference here. The learner's code can change nothing the grader uses. Before the
+notebooks of the same names and calls each function on hidden random cases (varied sizes
+and settings, the same for every learner: drawn from the assignment's seed); only plain arrays
+and numbers come back. `judge` compares them with the package's reference here. The learner's code
+can change nothing the grader uses. Before the
 sandbox starts, the grader reads the written answers from its private copy of the notebooks and
 empties the cells tagged skip-grading; the course (course.py) turns the rows into points.
 """
@@ -18,7 +19,6 @@ import math
 import os
 import queue
 import re
-import secrets
 import sys
 import tempfile
 import threading
@@ -29,14 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..chapters import chapter
 from ..exercises import SPECS, InPlace, NotCallable, Opaque, Raised, judge
-from . import course, roster, sandbox, shards, statuses, wire
+from . import cells, course, nbread, roster, sandbox, shards, statuses, wire
+from .delegation import targets
 from .journal import Journal, fingerprint
 from .material import material
-from .points import answers, blank_skipped, read_parts
+from .names import canonical
+from .points import read_parts
 from .roster import Exercise, learner_notebooks, match, submissions, teacher_exercises
-from .statuses import Row
+from .statuses import Found, GradeRow, Row
 
 STATUSES = statuses.STATUSES
 CSV_FIELDS = course.CSV_FIELDS
@@ -51,7 +52,7 @@ class Options:
     timeout: float = DEFAULT_TIMEOUT
     call_time: float = CALL_TIME
     limits: sandbox.Limits = field(default_factory=sandbox.Limits)
-    seed: int | None = None  # None: a fresh random seed for every learner and exercise
+    seed: int = 0  # the assignment's case seed: every learner gets the same hidden cases
     parts: list = field(default_factory=list)  # the course's parts (points.Part): questions
     material: dict = field(default_factory=dict)  # what the teacher's cells import (material.py)
 
@@ -64,29 +65,10 @@ def _specs() -> dict:
 # The request: every exercise's function and the inputs it gets, drawn now.
 
 
-def targets(spec) -> list[str]:
-    """The package's own function for an exercise, which the sandbox wraps to report calls."""
-    out = [f"spec:{spec.id}"]
-    name = spec.reference_name
-    if re.fullmatch(r"xenith_edu(\.\w+)+", name):
-        out.append(name)  # "xenith_edu.rmsnorm.rmsnorm_backward"
-    prefix = re.match(r"xenith_edu(\.\w+)*", name)
-    modules = [prefix.group(0)] if prefix else []
-    try:  # a function named as the exercise in the chapter's modules: xenith_edu.linear...
-        modules += [f"xenith_edu.{m}" for m in chapter(spec.chapter).modules]
-    except ValueError:
-        pass
-    for module in modules:
-        mod = sys.modules.get(module)
-        if mod is not None and callable(getattr(mod, spec.id, None)):
-            out.append(f"{module}.{spec.id}")
-    return list(dict.fromkeys(out))
-
-
-def _seed(options: Options, learner: str, nb: str, ex: str) -> int:
-    if options.seed is None:
-        return secrets.randbits(63)
-    text = f"{options.seed}/{learner}/{nb}/{ex}".encode()
+def case_seed(assignment: int, nb: str, ex: str) -> int:
+    """The seed of an exercise's hidden cases: a function of the assignment's seed, the
+    teacher's notebook and the exercise, never of the learner (same notebook, same grade)."""
+    text = f"{assignment}/{nb}/{ex}".encode()
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
 
 
@@ -100,7 +82,7 @@ def build_request(learner: str, plan: list[tuple[str, str, list[Exercise]]],
         entries, trees, blobs = [], [], []
         for ex in exercises:
             spec = specs[ex.id]
-            seed = _seed(options, learner, teacher_nb, ex.id)
+            seed = case_seed(options.seed, teacher_nb, ex.id)
             inputs = spec.inputs(np.random.default_rng(seed))
             kept[(teacher_nb, ex.id)] = (seed, inputs)
             entries.append({"id": ex.id, "fn": ex.fn, "targets": targets(spec)})
@@ -220,18 +202,18 @@ def _verdict(result) -> tuple[str, str, str]:
 
 def notebook_rows(nb: str, rel: str | None, exercises: list[Exercise], kept: dict,
                   reply: NotebookReply | None, problem: str | None, options: Options
-                  ) -> list[tuple[str, str, str, str]]:
+                  ) -> list[Found]:
     """(notebook, exercise, status, message) rows of one teacher's notebook for one learner."""
     if rel is None:
-        return [("", e.id, Row.MISSING, f"no {nb} was submitted", "") for e in exercises]
+        return [Found("", e.id, Row.MISSING, f"no {nb} was submitted", "") for e in exercises]
     if reply is None or reply.ran is None:
         why = _why_not_run(reply, problem, options)
-        return [(rel, e.id, Row.NOTEBOOK_ERROR, why, "") for e in exercises] or \
-            [(rel, "", Row.NOTEBOOK_ERROR, why, "")]
+        return [Found(rel, e.id, Row.NOTEBOOK_ERROR, why, "") for e in exercises] or \
+            [Found(rel, "", Row.NOTEBOOK_ERROR, why, "")]
     stopped = str(reply.ran.get("stopped") or "")
     if stopped.startswith("unreadable: "):
         why = f"{rel} is not a valid notebook ({stopped[12:][:200]})"
-        return [(rel, e.id, Row.NOTEBOOK_ERROR, why, "") for e in exercises]
+        return [Found(rel, e.id, Row.NOTEBOOK_ERROR, why, "") for e in exercises]
     rows = []
     for k, ex in enumerate(exercises):
         try:
@@ -240,13 +222,14 @@ def notebook_rows(nb: str, rel: str | None, exercises: list[Exercise], kept: dic
         except wire.ChannelError as exc:
             status, message, mistake = (Row.NOTEBOOK_ERROR,
                                         f"the sandbox's reply could not be read: {exc}", "")
-        rows.append((rel, ex.id, status, message, mistake))
-    errors = [f"cell {n} raised {text}" for n, text in reply.ran.get("errors", [])[:3]
+        rows.append(Found(rel, ex.id, status, message, mistake))
+    errors = [f"cell {n}: {text}" if text.startswith(cells.UNAVAILABLE) else
+              f"cell {n} raised {text}" for n, text in reply.ran.get("errors", [])[:3]
               if isinstance(text, str)]
     if reply.ran.get("stopped"):
         errors.append(str(reply.ran["stopped"]))
     if errors:
-        rows.append((rel, "", Row.NOTEBOOK_ERROR, "; ".join(errors), ""))
+        rows.append(Found(rel, "", Row.NOTEBOOK_ERROR, "; ".join(errors), ""))
     return rows
 
 
@@ -278,10 +261,10 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
     walked = roster.walk(source)
     if walked.over:  # nothing of it is read, nor run
         why = f"[over the limit] not graded: {walked.over}"
-        return [("", e.id, roster.OVER_LIMIT, why, "") for _, ex in teacher for e in ex], {}
+        return [Found("", e.id, roster.OVER_LIMIT, why, "") for _, ex in teacher for e in ex], {}
     mine = learner_notebooks(source)
     if not mine:
-        return [("", "", Row.NOTEBOOK_ERROR, "no notebook (.ipynb) in this folder", "")], {}
+        return [Found("", "", Row.NOTEBOOK_ERROR, "no notebook (.ipynb) in this folder", "")], {}
     matched = match([name for name, _ in teacher], mine)
     plan = [(name, matched[name], ex) for name, ex in teacher if matched[name] is not None]
     problem, replies, kept, retry, found, tampered = None, [], {}, False, {}, None
@@ -300,6 +283,9 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
             replies = sort_frames(run.frames, len(plan))
         except sandbox.FolderTooLarge as exc:
             problem = str(exc)
+        except nbread.OverLimit as exc:
+            why = f"[over the limit] not graded: {exc}"
+            return [Found("", e.id, Row.OVER_LIMIT, why, "") for _, ex in teacher for e in ex], {}
         finally:
             sandbox.remove_tree(tmp)
     rows, at = [], {name: i for i, (name, _, _) in enumerate(plan)}
@@ -308,14 +294,14 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
         reply = replies[i] if i is not None and i < len(replies) else None
         rows += notebook_rows(name, matched[name], exercises, kept, reply, problem, options)
     if tampered:  # the learner's code wrote on the channel: nothing it sent counts
-        rows = [(nb, ex, wire.PROTOCOL_ERROR, wire.tampering(tampered), "")
+        rows = [Found(nb, ex, wire.PROTOCOL_ERROR, wire.tampering(tampered), "")
                 for nb, ex, *_ in rows if ex] or \
-            [("", "", wire.PROTOCOL_ERROR, wire.tampering(tampered), "")]
+            [Found("", "", wire.PROTOCOL_ERROR, wire.tampering(tampered), "")]
     seeds = {f"{nb}/{ex}": seed for (nb, ex), (seed, _) in kept.items()}
     seeds.update({f"{name}/seconds of its cells": r.ran.get("seconds") for (name, _, _), r
                   in zip(plan, replies, strict=False) if r.ran is not None})
     if walked.unreadable:
-        rows.append(("", "", roster.UNREADABLE, "not opened, not copied to the sandbox: "
+        rows.append(Found("", "", roster.UNREADABLE, "not opened, not copied to the sandbox: "
                      + "; ".join(walked.unreadable[:20])[:2000], ""))
     if retry:
         seeds["retry"] = True
@@ -325,14 +311,12 @@ def grade_learner(learner: str, source: Path, teacher: list[tuple[str, list[Exer
 
 def _prepare(copy: Path, plan: list, options: Options) -> dict:
     """Before the sandbox starts: the written answers read from the private copy, and its
-    cells tagged skip-grading emptied. Returns {teacher's notebook: {question: answer}}."""
-    questions = {p.notebook: p.questions for p in options.parts}
-    found = {}
-    for name, rel, _ in plan:
-        if questions.get(name):
-            found[name] = answers(copy / rel, questions[name])
-        blank_skipped(copy / rel)
-    return found
+    cells tagged skip-grading emptied, in a child under the sandbox's memory limit (never in
+    this process). Returns {teacher's notebook: {question: answer}}; raises nbread.OverLimit."""
+    questions = {p.notebook: [q.id for q in p.questions] for p in options.parts}
+    items = [{"name": name, "path": str(copy / rel), "questions": questions.get(name, [])}
+             for name, rel, _ in plan]
+    return nbread.read_limited(items, options.limits.memory, options.timeout + 30)
 
 
 def _setup_error(run: sandbox.SandboxRun) -> str | None:
@@ -375,7 +359,16 @@ def _key(teacher: list[tuple[str, list[Exercise]]], parts: list) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _check_shard(shard: str | None, course_options: dict) -> tuple[int, int]:
+def _check_seed(seed: object, shard: str | None) -> None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or
+                             not 0 <= seed < 2**63):
+        raise ValueError(f"seed: must be an integer from 0 to 2**63 - 1, got {seed!r}")
+    if shard is not None and seed is None:
+        raise ValueError("shard: give the assignment's seed (--seed S), the same for every "
+                         "shard, so that every learner of the class gets the same cases")
+
+
+def _check_shard(shard: str | None, seed: object, course_options: dict) -> tuple[int, int]:
     k, n = shards.parse_shard(shard)
     unknown = set(course_options) - set(course.OPTIONS)
     if unknown:
@@ -384,6 +377,7 @@ def _check_shard(shard: str | None, course_options: dict) -> tuple[int, int]:
     if shard is not None and given:
         raise ValueError(f"{sorted(given)[0]}: a shard grades only; give the course's options "
                          "to grade-merge, which joins the shards")
+    _check_seed(seed, shard)
     return k, n
 
 
@@ -410,18 +404,19 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     `alice.ipynb` in `submissions_dir`, or a folder `bob/` whose notebooks are matched to the
     teacher's by file name. Each learner's notebooks run in one sandbox (see `sandbox.py`),
     `timeout` seconds per notebook (None: DEFAULT_TIMEOUT), `jobs` learners at a time (default
-    the number of cores), `memory` bytes of address space (default 2 GiB). Each learner's
-    rows go to the journal as soon as they are known; with `resume`, the learners already in
-    the journal (and unchanged) are kept, not run again. The CSV is written atomically once
-    every sandbox has ended. `seed` fixes the cases (for tests); by default every learner and
-    exercise gets a fresh random seed. `call_time` bounds, in seconds, one exercise's calls of
-    the learner's function. `progress` prints a line per learner on stderr (None: when stderr
-    is a terminal). `shard` "K/N" grades the K-th of N slices of the class and writes only
-    its journal and facts, for `grade_merge`. The course's options (each checked before
-    anything runs): `roster` (CSV: id, name, email, ...), `timestamps` (CSV: id, submitted),
-    `written` (the filled sheet of written answers), `feedback` (a folder), `export`
-    (("canvas", "moodle")), `deadline`, `late_cutoff` (ISO 8601) and `late_penalty` (the
-    fraction of the points lost per day late).
+    the number of cores), `memory` bytes of address space (default 2 GiB). Each learner's rows
+    go to the journal as soon as they are known; with `resume`, the learners already in the
+    journal (and unchanged) are kept, not run again. The CSV is written atomically once every
+    sandbox has ended. `seed` is the assignment's case seed: every learner gets the same hidden
+    cases, drawn from it, the teacher's notebook and the exercise (default: a fresh random seed,
+    kept in the journal for --resume; shards must all give the same one). `call_time` bounds, in
+    seconds, one exercise's calls of the learner's function. `progress` prints a line per
+    learner on stderr (None: when stderr is a terminal). `shard` "K/N" grades the K-th of N
+    slices of the class and writes only its journal and facts, for `grade_merge`. The course's
+    options (each checked before anything runs): `roster` (CSV: id, name, email, ...),
+    `timestamps` (CSV: id, submitted), `written` (the filled sheet of written answers),
+    `feedback` (a folder), `export` (("canvas", "moodle")), `deadline`, `late_cutoff` (ISO 8601)
+    and `late_penalty` (the fraction of the points lost per day late).
     """
     from .student import _as_path  # the one check of a path argument
 
@@ -429,28 +424,26 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
     _check_arguments(root, out_csv, timeout, jobs)
-    k, n = _check_shard(shard, course_options)
+    k, n = _check_shard(shard, seed, course_options)
     instructor = None if instructor is None else _as_path(instructor, "instructor")
     journal_path, files, started = outputs(out_csv)[0], course.outputs(out_csv), time.monotonic()
     entries, teacher, parts = _the_class(root, out_csv, instructor,
                                          course_options.get("feedback"))
     facts = [course.entry_of(i, e) for i, e in enumerate(entries)]
     pol = course.from_options(course_options, facts, parts, files["written"])
-    limits = sandbox.Limits() if memory is None else sandbox.Limits(memory=int(memory))
-    options = Options(float(timeout), float(call_time), limits, seed, parts)
-    options.material = material(roster.teacher_sources(instructor, teacher))
-    sandbox.check_works()
-    journal = Journal(journal_path, _key(teacher, parts), resume)
+    journal, options = _setup(journal_path, (teacher, parts, instructor), resume, seed,
+                              Options(float(timeout), float(call_time), _limits(memory)))
     if not sandbox.bwrap():
         print(f"xenith-edu grade: {sandbox.WARNING}", file=sys.stderr, flush=True)
     progress = sys.stderr.isatty() if progress is None else progress
     mine = shards.select(len(entries), k, n)
     graded = _run_class([entries[i] for i in mine], teacher, options, journal, jobs, progress)
-    base = {}
-    for i, (rows, found) in zip(mine, graded, strict=True):
-        base[facts[i].key], facts[i].answers = rows, found
+    base = {facts[i].key: rows for i, (rows, _) in zip(mine, graded, strict=True)}
+    for i, (_, found) in zip(mine, graded, strict=True):
+        facts[i].answers = found
     meta = {"learners": len(entries), "jobs": jobs, "seconds": time.monotonic() - started,
-            "sandbox": sandbox.isolation()}
+            "sandbox": sandbox.isolation(), "journal": shards.digest(journal_path),
+            "class": _identity(entries, instructor, teacher, options)}
     shards.write_facts(files["course"], _key(teacher, parts), (k, n), len(entries), parts,
                        [facts[i] for i in mine], meta)
     if shard is not None:
@@ -459,10 +452,33 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     return course.finish(out_csv, facts, base, parts, pol, meta)
 
 
+def _identity(entries: list, instructor: Path | None, teacher: list, options: Options) -> str:
+    names = {name for name, _ in teacher}
+    files = [p for p in roster.teacher_files(instructor) if p.name in names]
+    given = {"timeout": options.timeout, "call_time": options.call_time, "seed": options.seed,
+             "limits": options.limits.as_dict()}
+    return shards.class_identity(entries, files, given)
+
+
+def _limits(memory: object) -> sandbox.Limits:
+    return sandbox.Limits() if memory is None else sandbox.Limits(memory=int(memory))
+
+
+def _setup(path: Path, course_of: tuple, resume: bool, seed: int | None, options: Options
+           ) -> tuple[Journal, Options]:
+    """The journal (which keeps the assignment's seed) and the grading options."""
+    teacher, parts, instructor = course_of
+    sandbox.check_works()
+    journal = Journal(path, _key(teacher, parts), resume, seed)
+    options.seed, options.parts = int(journal.seed), parts
+    options.material = material(roster.teacher_sources(instructor, teacher))
+    return journal, options
+
+
 def _kept(record: dict) -> tuple[list[tuple], dict]:
     """The rows and written answers of a learner kept from the journal."""
     kept = record.get("answers")
-    return [tuple(r) for r in record["rows"]], kept if isinstance(kept, dict) else {}
+    return [GradeRow(*r) for r in record["rows"]], kept if isinstance(kept, dict) else {}
 
 
 def _graded(learner: str, source: Path, teacher: list, options: Options, slot: int,
@@ -471,9 +487,13 @@ def _graded(learner: str, source: Path, teacher: list, options: Options, slot: i
     stops the class (the row is not journaled, so --resume tries again)."""
     try:
         return grade_learner(learner, source, teacher, options, slot, fonts)
+    except (MemoryError, RecursionError) as exc:  # this learner's, never the class's failure
+        why = f"[over the limit] not graded: the grader ran out of {type(exc).__name__[:-5]}"
+        return [Found("", "", Row.OVER_LIMIT, why.replace("Recursion", "recursion depth")
+                 .replace("Memory", "memory"), "")], {}
     except (OSError, ValueError, RuntimeError) as exc:
         why = roster.display(f"{type(exc).__name__}: {exc}")[:300]
-        return [("", "", Row.NOTEBOOK_ERROR, f"the grader could not grade this submission "
+        return [Found("", "", Row.NOTEBOOK_ERROR, f"the grader could not grade this submission "
                  f"({why}); --resume tries again", "")], {"retry": True}
 
 
@@ -490,7 +510,7 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
         learner, source, problem = entry
         key = source.name if source is not None else learner
         if source is None:
-            rows = [("", "", problem.status, problem.text, "")]
+            rows = [Found("", "", problem.status, problem.text, "")]
         else:
             stamp = fingerprint(source)
             record = journal.done(key, stamp)
@@ -501,8 +521,8 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
                 found, seeds = _graded(learner, source, teacher, options, slot, fonts)
             finally:
                 slots.put(slot)
-            prefix = f"{roster.display(source.name)}/" if source.is_dir() else ""
-            rows = [(learner, prefix + nb if nb else "", ex, st, msg, mistake)
+            prefix = f"{canonical(roster.display(source.name))}/" if source.is_dir() else ""
+            rows = [GradeRow(learner, prefix + nb if nb else "", ex, st, msg, mistake)
                     for nb, ex, st, msg, mistake in found]
             if sandbox.ABORT.is_set():
                 raise KeyboardInterrupt  # its sandbox was ended: not a grade
@@ -512,7 +532,7 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
                 journal.append({"learner": key, "fingerprint": stamp, "rows": rows,
                                 "seeds": seeds, "answers": found, "seconds": seconds})
             return rows, found
-        return [(learner, *r) for r in rows], {}
+        return [GradeRow(learner, *r) for r in rows], {}
 
     def tracked(entry):
         rows, found = one(entry)

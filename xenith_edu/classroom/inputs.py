@@ -14,20 +14,38 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from .names import canonical
+
 MAX_BYTES = 128 << 20  # a roster or sheet larger than this is not one
 TRIGGERS = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet takes for a formula (OWASP)
 
 
+def _risky(piece: str) -> bool:
+    """A piece a spreadsheet may run: a formula character first, or past any white space."""
+    marks = (*TRIGGERS, "'")
+    return piece.startswith(marks) or piece.lstrip().startswith(marks)
+
+
+def _guard(piece: str) -> str:
+    return "'" + piece if _risky(piece) else piece
+
+
+def _unguard(piece: str) -> str:
+    return piece[1:] if piece.startswith("'") and _risky(piece[1:]) else piece
+
+
 def safe_cell(value: object) -> str:
-    """A CSV cell a spreadsheet shows as text: a leading formula character gets a quote (and
-    so does a leading quote, so that `unsafe_cell` gives back exactly what was written)."""
+    """A CSV cell a spreadsheet shows as text, whichever list separator it splits on: each
+    piece after a `;` (the separator where `,` is the decimal mark) that starts, past spaces,
+    with a formula character gets a quote (and so does one that starts with a quote, so that
+    `unsafe_cell` gives back exactly what was written)."""
     text = "" if value is None else str(value)
-    return "'" + text if text.startswith((*TRIGGERS, "'")) else text
+    return ";".join(_guard(piece) for piece in text.split(";"))
 
 
 def unsafe_cell(text: str) -> str:
     """The value `safe_cell` neutralised, as read back from a sheet the grader wrote."""
-    return text[1:] if text.startswith("'") and text[1:].startswith((*TRIGGERS, "'")) else text
+    return ";".join(_unguard(piece) for piece in text.split(";"))
 
 
 @dataclass(frozen=True)
@@ -78,7 +96,11 @@ def _table(path: Path, what: str, required: tuple[str, ...]) -> list[tuple[int, 
         if len(row) > len(header):
             raise ValueError(f"{path.name}, row {n}: {len(row)} cells under a header of "
                              f"{len(header)}: quote the cells that hold a comma")
-        out.append((n, {h: unsafe_cell(c.strip()) for h, c in zip(header, row, strict=False)}))
+        cells = {h: unsafe_cell(c.strip()) for h, c in zip(header, row, strict=False)}
+        for key in ("id", "learner"):  # a learner's id: its one canonical form
+            if key in cells:
+                cells[key] = canonical(cells[key])
+        out.append((n, cells))
     return out
 
 

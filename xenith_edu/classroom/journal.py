@@ -10,23 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import stat
 import threading
 from pathlib import Path
 
-from ..tools.util import atomic_write_text
+from .outfiles import write_text
 from .roster import walk
 
-VERSION = 2
-
-
-def group_readable(path: Path) -> None:
-    """The teacher's group may read what the grader writes (never 0600)."""
-    try:
-        mode = os.stat(path).st_mode & 0o777
-        os.chmod(path, mode | 0o640)
-    except OSError:
-        pass
+VERSION = 3
 
 
 def fingerprint(path: Path) -> str:
@@ -62,21 +54,28 @@ def _digest(path: str, size: int) -> bytes:
 class Journal:
     """An append-only file of learner records, safe to call from several threads."""
 
-    def __init__(self, path: Path, exercises_key: str, resume: bool) -> None:
+    def __init__(self, path: Path, exercises_key: str, resume: bool,
+                 seed: int | None = None) -> None:
+        """`seed`: the assignment's case seed (None: the journal's when resuming, else a fresh
+        random one); kept in the first line, so that a resumed run draws the same cases."""
         self.path = path
         self.key = exercises_key
         self.kept: dict[str, dict] = {}
         self._lock = threading.Lock()
-        header = json.dumps({"journal": VERSION, "exercises": exercises_key})
-        lines = [header]
+        self.seed = seed
+        lines: list[str] = []
         if resume:
-            for record in self._read():
+            for record in self._read(seed):
                 self.kept[record["learner"]] = record
+        if self.seed is None:
+            self.seed = secrets.randbits(63)
+        lines.insert(0, json.dumps({"journal": VERSION, "exercises": exercises_key,
+                                    "seed": self.seed}))
+        if resume:
             lines += [json.dumps(r) for r in self.kept.values()]
-        atomic_write_text(path, "\n".join(lines) + "\n")  # drops a line torn by a kill
-        group_readable(path)
+        write_text(path, "\n".join(lines) + "\n")  # drops a line torn by a kill
 
-    def _read(self) -> list[dict]:
+    def _read(self, seed: int | None) -> list[dict]:
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -90,6 +89,11 @@ class Journal:
             raise ValueError(f"--resume: {self.path.name} was written for other exercises (or "
                              "another version of the grader); run without --resume to start "
                              "over")
+        kept = head.get("seed")
+        if isinstance(kept, int) and seed is not None and seed != kept:
+            raise ValueError(f"--resume: {self.path.name} holds cases drawn with seed {kept}, "
+                             f"not {seed}: resume without --seed, or start over")
+        self.seed = kept if isinstance(kept, int) else seed
         records = []
         for line in lines[1:]:
             try:
@@ -97,7 +101,8 @@ class Journal:
             except ValueError:
                 continue  # the last line, cut short when the grader was killed
             if isinstance(record, dict) and isinstance(record.get("learner"), str) and \
-                    isinstance(record.get("rows"), list):
+                    isinstance(record.get("rows"), list) and \
+                    all(isinstance(r, list) and len(r) == 6 for r in record["rows"]):
                 records.append(record)
         return records
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 from pathlib import Path
+
+from .cells import transform
 
 CATALOGUE = "xenith_edu.exercises"
 
@@ -21,9 +24,8 @@ def imported(sources: list[str]) -> dict[str, set[str]]:
     wanted: dict[str, set[str]] = {}
     for source in sources:
         try:
-            tree = ast.parse("\n".join(ln for ln in source.split("\n")
-                                       if not ln.lstrip().startswith(("%", "!"))))
-        except SyntaxError:
+            tree = ast.parse(transform(source))
+        except (SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
@@ -74,10 +76,11 @@ def _cut(module: str, names: set[str], found: dict[str, list[str]]) -> None:
             for a in node.names:
                 imports[(a.asname or a.name).split(".")[0]] = (node, a)
     todo, keep, lines = list(names), set(), found.setdefault(module, [])
+    never = withheld(module)
     while todo:
         name = todo.pop()
-        if name in keep:
-            continue
+        if name in keep or name in never:
+            continue  # a withheld name: the sandbox's placeholder stands for it
         keep.add(name)
         if name in defs:
             todo += sorted(_used(defs[name]) - keep)
@@ -90,6 +93,40 @@ def _cut(module: str, names: set[str], found: dict[str, list[str]]) -> None:
             seen.add(id(node))  # whole lines, from the first decorator (@dataclass) on
             first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
             lines.append("\n".join(source[first - 1:node.end_lineno]))
+
+
+SPEC_PARTS = ("reference", "cases", "probes", "mistakes", "diagnose", "factors", "probe_hint",
+              "floor", "terms")
+
+
+def withheld(module: str) -> set[str]:
+    """The names of a catalogue module that never enter the sandbox, whatever a teacher's
+    cell imports: its checks, its exercises (Spec objects), and each exercise's reference,
+    case generator, probes, mistake list, diagnosis, fit terms."""
+    import importlib  # the catalogue's module itself, imported to read its exercises
+
+    from ..exercises.types import Spec  # the catalogue's record of an exercise
+
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        return set()
+    out = {n for n in vars(mod) if n.startswith("check_")}
+    for name, value in vars(mod).items():
+        inside = value.values() if isinstance(value, dict) else \
+            value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(v, Spec) for v in inside):  # an exercise, or a table of them
+            out.add(name)
+    from ..exercises import SPECS  # every exercise's parts, wherever they are defined
+    for spec in SPECS.values():
+        for part in SPEC_PARTS:
+            fn = getattr(spec, part, None)
+            if callable(fn) and getattr(fn, "__module__", None) == module:
+                out.add(getattr(fn, "__name__", ""))
+        named = spec.reference_name  # the catalogue's function that computes the answer
+        if named.startswith(module + ".") and re.fullmatch(r"\w+", named[len(module) + 1:]):
+            out.add(named[len(module) + 1:])
+    return out
 
 
 def _import_line(node: ast.stmt, alias: ast.alias, module: str, found: dict) -> str:

@@ -8,20 +8,17 @@ cell with `solution` and `grade` set (or the tag `written-answer`) for a written
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import nbread
+from .nbread import SKIP_TAG, _nbgrader, _source, _tags, blank_skipped, cell_key  # noqa: F401
 from .roster import Exercise
 
-SKIP_TAG = "skip-grading"  # a code cell grading does not run (a long training run, a figure)
 WRITTEN_TAG = "written-answer"  # a markdown cell that holds a written answer
 DEFAULT_POINTS = 1.0
-MAX_NOTEBOOK = 64 << 20  # bytes of a learner's notebook read here, in the grader's process
-MAX_ANSWER = 20_000  # characters of one written answer kept
 
 
 @dataclass(frozen=True)
@@ -54,31 +51,6 @@ class Part:
     def from_dict(cls, d: dict) -> Part:
         return cls(str(d["notebook"]), {str(k): float(v) for k, v in d["points"].items()},
                    tuple(Question(str(i), float(p), str(t)) for i, p, t in d["questions"]))
-
-
-def _tags(cell: dict) -> list:
-    meta = cell.get("metadata")
-    tags = meta.get("tags") if isinstance(meta, dict) else None
-    return tags if isinstance(tags, list) else []
-
-
-def _nbgrader(cell: dict) -> dict:
-    meta = cell.get("metadata")
-    found = meta.get("nbgrader") if isinstance(meta, dict) else None
-    return found if isinstance(found, dict) else {}
-
-
-def cell_key(cell: dict) -> str | None:
-    """How a cell is found again in a learner's copy: nbgrader's grade_id, else the cell's id."""
-    for key in (_nbgrader(cell).get("grade_id"), cell.get("id")):
-        if isinstance(key, str) and key:
-            return key
-    return None
-
-
-def _source(cell: dict) -> str:
-    source = cell.get("source", "")
-    return "".join(source) if isinstance(source, list) else str(source)
 
 
 def _points(cell: dict, where: str) -> float | None:
@@ -136,51 +108,6 @@ def read_parts(instructor: Path | None, teacher: list[tuple[str, list[Exercise]]
     return [read_part(paths[name], exercises) for name, exercises in teacher]
 
 
-# ----------------------------------------------------------------------------------------------
-# The learner's notebook, read here: bounded, never followed through a link, any bytes.
-
-
-def _load(path: Path) -> dict | None:
-    try:
-        st = os.lstat(path)
-        if not (path.is_file() and not path.is_symlink()) or st.st_size > MAX_NOTEBOOK:
-            return None
-        nb = json.loads(path.read_bytes().decode("utf-8", "replace"))
-    except (OSError, ValueError, RecursionError):
-        return None
-    cells = nb.get("cells") if isinstance(nb, dict) else None
-    return nb if isinstance(cells, list) else None
-
-
-def blank_skipped(path: Path) -> int:
-    """Empty, in the grader's private copy `path`, the code cells tagged `skip-grading`;
-    returns how many. A notebook that cannot be read is left for the sandbox to report."""
-    nb = _load(path)
-    if nb is None:
-        return 0
-    count = 0
-    for cell in nb["cells"]:
-        if isinstance(cell, dict) and cell.get("cell_type") == "code" and \
-                SKIP_TAG in _tags(cell):
-            cell["source"] = ""
-            count += 1
-    if count:
-        with open(path, "w", encoding="utf-8") as f:  # in place: the copy keeps its owner
-            json.dump(nb, f)
-    return count
-
-
 def answers(path: Path, questions: tuple[Question, ...]) -> dict[str, str]:
     """The learner's answer to each written question found in their notebook `path`."""
-    nb = _load(path) if questions else None
-    if nb is None:
-        return {}
-    wanted = {q.id for q in questions}
-    out: dict[str, str] = {}
-    for n, cell in enumerate(nb["cells"], start=1):
-        if not isinstance(cell, dict) or cell.get("cell_type") != "markdown":
-            continue
-        key = cell_key(cell) or f"cell-{n}"
-        if key in wanted and key not in out:
-            out[key] = _source(cell).strip()[:MAX_ANSWER]
-    return out
+    return nbread.answers(path, {q.id for q in questions})

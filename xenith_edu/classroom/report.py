@@ -10,8 +10,9 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from ..tools.util import atomic_write_text
 from . import statuses
+from .names import escape_controls
+from .outfiles import write_text
 from .statuses import Row
 
 TOP = 8  # mistakes listed
@@ -24,7 +25,7 @@ MARKDOWN = re.compile(r"([\\`*\[\]|~#])")  # what makes emphasis, code, links, c
 
 def _cell(text: str) -> str:
     """`text` as literal Markdown on one line: no heading, link, emphasis or HTML of its own."""
-    flat = html.escape(" ".join(str(text).split()), quote=False)
+    flat = html.escape(escape_controls(" ".join(str(text).split())), quote=False)
     return MARKDOWN.sub(r"\\\1", flat)
 
 
@@ -95,7 +96,7 @@ def _errors(errors: dict[tuple[str, str], list[str]]) -> list[str]:
     return lines
 
 
-def course_notes(people: list, totals: list[dict]) -> str:
+def course_notes(people: list, totals: list[dict], meta: dict | None = None) -> str:
     """The course's lines: totals, then who is absent, late, not on the roster, or shares a
     name with another submission."""
     if not totals:
@@ -104,8 +105,13 @@ def course_notes(people: list, totals: list[dict]) -> str:
     lines = ["", "## The course", "",
              f"{len(totals)} learners, mean {mean:.1f}% of {totals[0]['maximum']} points; "
              "each learner's total is in the totals file.", ""]
+    meta = meta or {}
+    if meta.get("source"):
+        lines[-1:-1] = [f"Lateness judged {meta['source']}.", ""]
     groups = {"Not submitted": [t["learner"] for t in totals if t["submitted"] == "no"],
               "Late": [f"{t['learner']} ({t['late']})" for t in totals if t["late"]],
+              "Warning: handed in, but no time in the timestamps file (not judged late)":
+                  list(meta.get("untimed", [])),
               "Not on the roster (graded, not in the LMS files' roster)":
                   [p.id for p in people if p.note == "not on the roster"],
               "Names shared by several submissions (kept apart, not merged)":
@@ -118,4 +124,4 @@ def course_notes(people: list, totals: list[dict]) -> str:
 
 def write_report(path: Path, rows: list[dict], meta: dict, people: list | None = None,
                  totals: list[dict] | None = None) -> None:
-    atomic_write_text(path, report(rows, meta) + course_notes(people or [], totals or []))
+    write_text(path, report(rows, meta) + course_notes(people or [], totals or [], meta))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from .names import canonical, fold
 from .statuses import Row
 
 CHECK_CELL = re.compile(r"\bcheck_(\w+)\s*\(\s*([A-Za-z_]\w*)\s*\)")
@@ -66,6 +67,11 @@ def chapter_notebooks() -> list[Path]:
 
     paths = [PACKAGE_ROOT / f"{c.notebook}.ipynb" for c in CHAPTERS]
     return [p for p in paths if p.is_file()]
+
+
+def teacher_files(instructor: Path | None) -> list[Path]:
+    """The teacher's notebooks: `instructor`'s, or the book's chapter notebooks."""
+    return _instructor(instructor)
 
 
 def _instructor(instructor: Path | None) -> list[Path]:
@@ -194,7 +200,7 @@ def submissions(root: Path, skip: set[Path]) -> list[tuple[str, Path | None, Pro
     for entry in sorted(root.iterdir()):
         if entry.name.startswith((".", "__")) or os.path.realpath(entry) in skipped:
             continue
-        name = display(entry.name)
+        name = canonical(display(entry.name))
         try:
             mode = os.lstat(entry).st_mode
         except OSError as exc:
@@ -206,9 +212,9 @@ def submissions(root: Path, skip: set[Path]) -> list[tuple[str, Path | None, Pro
         elif stat.S_ISDIR(mode):
             found.append((name, entry, None))
         elif stat.S_ISREG(mode) and entry.suffix == ".ipynb":
-            found.append((display(entry.stem), entry, None))
+            found.append((canonical(display(entry.stem)), entry, None))
         elif stat.S_ISREG(mode):
-            found.append((display(entry.stem), None, Problem(Row.NOTEBOOK_ERROR,
+            found.append((canonical(display(entry.stem)), None, Problem(Row.NOTEBOOK_ERROR,
                                                              f"not a notebook: {name}")))
         else:
             found.append((name, None, Problem(UNREADABLE, f"{name} is {_kind(mode)}: neither "
@@ -217,23 +223,27 @@ def submissions(root: Path, skip: set[Path]) -> list[tuple[str, Path | None, Pro
 
 
 def _apart(found: list) -> list:
-    """The entries with one learner name each: collisions renamed, and reported."""
+    """The entries with one learner name each: names that are one learner's, with or without
+    case (`dup.ipynb` and `dup/`, `Ann` and `ann`), are renamed apart, and reported."""
     count: dict[str, list[str]] = {}
     for learner, source, _ in found:
-        count.setdefault(learner, []).append(_label(learner, source))
-    out, taken = [], set()
+        count.setdefault(fold(learner), []).append(_label(learner, source))
+    out, taken = [], {fold(learner) for learner, _, _ in found
+                      if len(count[fold(learner)]) == 1}
     for learner, source, problem in found:
-        if len(count[learner]) > 1:
+        key = fold(learner)
+        if len(count[key]) > 1:
             new = _label(learner, source)
-            while new in taken or (new != learner and new in count):
+            while fold(new) in taken or (fold(new) != key and fold(new) in count):
                 new += "'"
-            if learner not in taken:
+            if key not in taken:
                 out.append((learner, None, Problem(COLLISION, (
-                    f"{len(count[learner])} submissions would be the learner {learner}: "
-                    f"{', '.join(count[learner])}; each is graded apart, under its own name"))))
-                taken.add(learner)
+                    f"{len(count[key])} submissions would be the learner {learner}: "
+                    f"{', '.join(count[key])}; each is graded apart, under its own name (names "
+                    "equal with or without case are one learner's)"))))
+                taken.add(key)
             learner = new
-        taken.add(learner)
+        taken.add(fold(learner))
         out.append((learner, source, problem))
     return out
 
@@ -241,7 +251,7 @@ def _apart(found: list) -> list:
 def _label(learner: str, source: Path | None) -> str:
     if source is None:
         return learner + " (not graded)"
-    return display(source.name) + ("/" if source.is_dir() else "")
+    return canonical(display(source.name)) + ("/" if source.is_dir() else "")
 
 
 def learner_notebooks(source: Path) -> list[str]:

@@ -9,16 +9,17 @@ for the same exercises, then ends as a single run ends (course.finish).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import asdict
 from pathlib import Path
 
-from ..tools.util import atomic_write_text
 from . import course
+from .outfiles import write_text
 from .points import Part
 
-FACTS_VERSION = 1
+FACTS_VERSION = 2
 
 
 def parse_shard(shard: object) -> tuple[int, int]:
@@ -38,13 +39,39 @@ def select(count: int, k: int, n: int) -> list[int]:
     return list(range(k - 1, count, n))
 
 
+def class_identity(entries: list, teacher_files: list[Path], options: dict) -> str:
+    """What makes a class one class: its submissions (names and files), the teacher's
+    notebooks (bytes), the grading options, the package's version and the case seed."""
+    from .. import __version__  # the package's, imported when a class is identified
+    from .journal import fingerprint  # the one hash of a submission (journal imports roster)
+
+    h = hashlib.sha256(json.dumps({"version": __version__, "options": options},
+                                  sort_keys=True).encode())
+    for learner, source, _ in entries:
+        h.update(b"L" + learner.encode("utf-8", "surrogateescape") + b"\0")
+        h.update((fingerprint(source) if source is not None else "-").encode() + b"\0")
+    for path in teacher_files:
+        h.update(b"T" + path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def digest(path: Path) -> str:
+    """The sha256 of a file's bytes ("" when it cannot be read)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
 def write_facts(path: Path, key: str, shard: tuple[int, int], size: int, parts: list[Part],
                 entries: list[course.Entry], meta: dict) -> None:
-    """The facts file of one run (a shard, or the whole class as shard 1 of 1)."""
+    """The facts file of one run (a shard, or the whole class as shard 1 of 1): with the
+    class's identity (meta["class"]) and the digest of its journal (meta["journal"])."""
     record = {"facts": FACTS_VERSION, "exercises": key, "shard": list(shard), "class": size,
+              "identity": meta.get("class", ""), "journal": meta.get("journal", ""),
               "parts": [p.as_dict() for p in parts], "entries": [asdict(e) for e in entries],
               "meta": {k: meta[k] for k in ("jobs", "seconds", "sandbox") if k in meta}}
-    atomic_write_text(path, json.dumps(record, indent=1) + "\n")
+    write_text(path, json.dumps(record, indent=1) + "\n")
 
 
 def _read_json(path: Path, what: str) -> dict:
@@ -69,19 +96,26 @@ def read_facts(path: Path) -> dict:
         data["parts"] = [Part.from_dict(p) for p in data["parts"]]
         data["entries"] = [course.Entry(**e) for e in data["entries"]]
         data["shard"] = tuple(int(x) for x in data["shard"])
+        if not (isinstance(data["identity"], str) and isinstance(data["journal"], str)):
+            raise ValueError("no identity")
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path.name}: not a facts file of this grader ({exc}): grade that "
                          "shard again") from None
     return data
 
 
-def read_journal(path: Path, key: str) -> dict[str, list[tuple]]:
-    """The rows of each learner of a shard's journal (the last record of each wins)."""
+def read_journal(path: Path, key: str, expected: str | None = None) -> dict[str, list[tuple]]:
+    """The rows of each learner of a shard's journal (the last record of each wins); with
+    `expected`, the journal must be the one its facts file records (its sha256)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
+        raw = path.read_bytes()
+        lines = raw.decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
         raise ValueError(f"{path.name}: cannot be read: grade-merge needs each shard's "
                          "journal next to its --out") from None
+    if expected is not None and hashlib.sha256(raw).hexdigest() != expected:
+        raise ValueError(f"{path.name}: changed since its shard was graded (its digest is not "
+                         "the one its facts file records): grade that shard again")
     try:
         head = json.loads(lines[0]) if lines else {}
     except ValueError:
@@ -104,8 +138,8 @@ def _check(shards: list[tuple[Path, dict]]) -> None:
     first = shards[0][1]
     n = first["shard"][1]
     for path, f in shards:
-        same = (f["exercises"], f["class"], f["shard"][1], f["parts"]) == \
-            (first["exercises"], first["class"], n, first["parts"])
+        same = (f["exercises"], f["class"], f["shard"][1], f["parts"], f["identity"]) == \
+            (first["exercises"], first["class"], n, first["parts"], first["identity"])
         if not same:
             raise ValueError(f"{path.name}: graded another class or other exercises than "
                              f"{shards[0][0].name}: merge the shards of one run")
@@ -126,7 +160,8 @@ def gather(shard_csvs: list[Path]) -> tuple[list[course.Entry], dict, list[Part]
     _check(shards)
     entries, base = [], {}
     for path, f in shards:
-        journal = read_journal(path.with_name(path.stem + ".journal.jsonl"), f["exercises"])
+        journal = read_journal(path.with_name(path.stem + ".journal.jsonl"), f["exercises"],
+                               f["journal"])
         for e in f["entries"]:
             if not e.problem and e.key not in journal:
                 raise ValueError(f"{path.name}: {e.learner} was not graded (its sandbox did "

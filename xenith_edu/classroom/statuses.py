@@ -1,37 +1,17 @@
 """The statuses of the grade CSV's rows, one home for each: the grader writes them, the course,
 the report and the exports read them. Imports nothing heavy (the sandbox's worker may load it).
 
-A check's own verdicts (passed, failed, not attempted) are `xenith_edu.exercises.Status`; the
-same words stand first here, then those that only grading reaches.
+The statuses are `xenith_edu.exercises.Status`, one enum for the exercises and the grader: a
+check's own verdicts (passed, failed, not attempted) first, then those only grading reaches.
 """
 
 from __future__ import annotations
 
-from enum import Enum
+from typing import NamedTuple
 
+from ..exercises.outcomes import Status
 
-class Row(str, Enum):
-    """A row's status. A `str`, so that the CSV and the journal hold its value ("passed")."""
-
-    PASSED = "passed"
-    FAILED = "failed"
-    NOT_ATTEMPTED = "not attempted"
-    DELEGATED = "delegated"  # the learner's function handed the work to the package's own
-    MISSING = "missing"  # the function, or the notebook, is not in the submission
-    NOTEBOOK_ERROR = "notebook error"  # the notebook did not run to its end
-    PROTOCOL_ERROR = "protocol error"  # the sandbox's reply broke the protocol: tampering
-    UNREADABLE = "unreadable file"  # a file the walk refuses (a link, a pipe, a bad name)
-    OVER_LIMIT = "over the limit"  # a submission too deep, too many files or too large
-    COLLISION = "name collision"  # several submissions would be one learner
-    NOT_SUBMITTED = "not submitted"  # a learner of the roster who handed nothing in
-    TO_GRADE = "to grade"  # a written answer the teacher has not graded yet
-    GRADED = "graded"  # a written answer the teacher graded
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
+Row = Status  # one enum: a check's verdicts first, then those only grading reaches
 
 
 STATUSES = tuple(Row)
@@ -40,3 +20,24 @@ ERRORS = (Row.NOTEBOOK_ERROR, Row.PROTOCOL_ERROR, Row.OVER_LIMIT, Row.UNREADABLE
 # the columns of the report's table of statuses per exercise
 JUDGED = (Row.PASSED, Row.FAILED, Row.NOT_ATTEMPTED, Row.DELEGATED, Row.MISSING,
           Row.NOTEBOOK_ERROR)
+
+
+class Found(NamedTuple):
+    """One row of a learner as grading finds it, before the learner's id is put in front."""
+
+    notebook: str  # the learner's notebook, as handed in ("" when none)
+    exercise: str  # the exercise's id ("" for a row of the whole notebook or submission)
+    status: str  # a Row
+    message: str  # what the learner and the teacher read
+    mistake: str = ""  # the check's first diagnosis, as data
+
+
+class GradeRow(NamedTuple):
+    """One row of the grade CSV before the course adds points and late marks."""
+
+    learner: str
+    notebook: str
+    exercise: str
+    status: str
+    message: str
+    mistake: str = ""

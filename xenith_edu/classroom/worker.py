@@ -1,22 +1,25 @@
 """Inside the sandbox: run one learner's notebooks, call their functions, send back plain data.
 Nothing here judges: the grader, in its own process, decides every verdict from what comes back.
 
-The parent process runs only this module's code: it reads the grader's one request, drops to
-the sandbox's uid, fills the learner's home with its copy of the submission, sets the limits,
-fences off the exercise catalogue (its checks become no-ops, its reference functions are not
-there to import), wraps the package's own function of each exercise so that a call to it is
-reported, then forks one child per notebook. The child executes the notebook's code cells
-(IPython magics dropped) and calls each exercise's function on the grader's inputs through the
-one runner of the exercise floor (`outcomes.run`); the parent relays the child's frames and
-stops a child that overruns. A child that dies or overruns while a function runs is replaced by
-a new one, which executes the notebook again and goes on with the next exercise.
+The parent process runs only this module's code: it reads the grader's one request, drops to the
+sandbox's uid, fills the learner's home with its copy of the submission, sets the limits, fences
+off the exercise catalogue (its checks become no-ops, its reference functions are not there to
+import), resolves the package functions that compute each exercise's answer (their code is
+watched while the learner's function runs: sys.setprofile), then forks one child per notebook.
+The child executes the notebook's code cells (as IPython transforms them: cells.py) and calls
+each exercise's function on the grader's inputs through the one runner of the exercise floor
+(`outcomes.run`); the parent relays the child's frames and stops a child that overruns. A child
+that dies or overruns while a function runs is replaced by a new one, which executes the
+notebook again and goes on with the next exercise.
 """
 
 from __future__ import annotations
 
 import builtins
+import importlib
 import importlib.abc
 import importlib.machinery
+import inspect
 import json
 import linecache
 import os
@@ -30,7 +33,7 @@ import time
 import types
 
 from ..exercises import outcomes
-from . import wire
+from . import cells, wire
 
 # A line that calls an exercise's check: the grader calls the function itself, on hidden cases.
 CHECK_LINE = re.compile(r"^(\s*)(?:_\s*=\s*|assert\s+)?check_\w+\(\s*[A-Za-z_]\w*\s*\)"
@@ -40,7 +43,9 @@ CATALOGUE = "xenith_edu.exercises"  # the boot installs it as a fence: see `fenc
 OPEN_MODULES = ("outcomes",)  # the exercise floor's modules the sandbox may import
 _MATERIAL: dict[str, str] = {}  # catalogue module -> the teacher's helpers' source
 _MODULES: set[str] = set()  # the catalogue's module names: each a placeholder in the sandbox
-_STATE: dict = {"active": None, "hits": set()}  # the exercise being called, and the calls seen
+# the exercise being called, the package functions it may not call, and the calls seen
+_STATE: dict = {"active": None, "codes": {}, "hits": set(), "own": False, "self": None}
+COPY_MIN = 200  # bytes of bytecode from which a copied code object is matched by its bytecode
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -66,7 +71,9 @@ def main() -> None:
         fence_catalogue(msg.get("material") or {}, msg.get("catalogue") or [])
         for exercises in (nb["exercises"] for nb in msg["notebooks"]):
             for ex in exercises:
-                ex["wrapped"] = _wrap(ex["id"], ex["targets"])
+                ex["codes"] = observe(ex["targets"])
+        sys.addaudithook(_audit)  # for good: no learner code can remove it
+        guard_threads()
     except Exception as exc:  # the request or the setup failed: say so, the grader records it
         wire.write_frame(rep, wire.pack({"op": "error", "text": _text(exc)}))
         os._exit(3)
@@ -148,6 +155,8 @@ def _placeholders(module: str):
     def attr(name: str) -> object:
         if name.startswith("__"):
             raise AttributeError(name)
+        if name.startswith("check_"):  # a check, from whichever module: a no-op here
+            return _no_check(name)
         return _unavailable(module, name)
 
     return attr
@@ -219,52 +228,85 @@ def _set_limits(limits: dict) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# The package's own function of an exercise, wrapped to report a call.
+# What computes an exercise's answer, observed however a learner's function reaches it.
 
 
 def _resolve(dotted: str) -> object:
-    module, _, attr = dotted.rpartition(".")
-    return getattr(sys.modules.get(module) or __import__(module, fromlist=[attr]), attr)
+    """The function `module.qualname` names (a method: `module.Class.name`)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:cut])
+        try:
+            found: object = sys.modules.get(module) or importlib.import_module(module)
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            found = getattr(found, attr)
+        return found
+    raise ImportError(dotted)
 
 
-def _wrap(exercise: str, targets: list[str]) -> list[str]:
-    """Replace each target function, wherever the package holds it, by one that reports."""
-    done = []
+def observe(targets: list[str]) -> dict:
+    """{code object or its bytecode: dotted name} of the package functions `targets` names,
+    resolved before any learner code runs: a call of one is seen by its code, whatever path
+    reached it (a name, an attribute, a closure, getattr, functools.partial, another
+    exercise's function), and by its bytecode if the learner copied its code object."""
+    seen: dict = {}
     for dotted in targets:
         if dotted.startswith("spec:") or dotted.startswith(CATALOGUE + "."):
             continue  # the check's reference: the catalogue is not in the sandbox
         try:
-            original = _resolve(dotted)
-            home = f"{getattr(original, '__module__', '')}.{getattr(original, '__name__', '')}"
-            dotted = home if home.startswith("xenith_edu.") else dotted
-        except (ImportError, AttributeError, ValueError, KeyError, RuntimeError):
+            fn = inspect.unwrap(_resolve(dotted))
+        except (ImportError, AttributeError, ValueError, KeyError, RuntimeError, TypeError):
             continue
-        if not callable(original) or getattr(original, "_xenith_reports", None):
-            continue
-        wrapper = _reporter(original, exercise, dotted)
-        for module in [m for n, m in list(sys.modules.items())
-                       if (n == "xenith_edu" or n.startswith("xenith_edu."))
-                       and not n.startswith(("xenith_edu.classroom", CATALOGUE))]:
-            for attr, value in list(vars(module).items()):
-                if value is original:
-                    setattr(module, attr, wrapper)
-        done.append(dotted)
-    return done
+        code = getattr(fn, "__code__", None)
+        if isinstance(code, types.CodeType):
+            seen[code] = dotted
+            if len(code.co_code) >= COPY_MIN:  # too short, and an honest one could match it
+                seen[code.co_code] = dotted
+    return seen
 
 
-def _reporter(original, exercise: str, dotted: str):
-    def reporting(*args, **kwargs):
-        if _STATE["active"] == exercise:
-            _STATE["hits"].add(dotted)
-        return original(*args, **kwargs)
+def _profile(frame, event: str, arg) -> None:
+    if event == "call":
+        code = frame.f_code
+        if code is _STATE["self"]:
+            return  # the learner's function itself: judged, never "delegated" to
+        watched = _STATE["codes"]
+        name = watched.get(code) or watched.get(code.co_code)
+        if name is not None:
+            _STATE["hits"].add(name)
 
-    for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
-        try:
-            setattr(reporting, attr, getattr(original, attr))
-        except (AttributeError, TypeError):
-            pass
-    reporting._xenith_reports = True
-    return reporting
+
+def _start_thread(function, args=(), kwargs=None):
+    """`_thread.start_new_thread` in the sandbox: the new thread is observed too."""
+    def observed(*a, **k):
+        _watch(True)
+        return function(*a, **k)
+
+    return _START["original"](observed, args, kwargs or {})
+
+
+_START: dict = {}
+
+
+def guard_threads() -> None:
+    """Every thread the learner's code starts runs under the observer (sys.setprofile is one
+    thread's; where the sandbox's process limit does not already forbid threads)."""
+    import _thread  # the one way Python starts a thread
+    import threading  # holds its own reference to it
+
+    if not _START:
+        _START["original"] = _thread.start_new_thread
+        _thread.start_new_thread = _start_thread
+        threading._start_new_thread = _start_thread
+
+
+def _audit(event: str, args: tuple) -> None:
+    """Removing the observer while a learner's function runs hides nothing: it is a hit."""
+    if event in ("sys.setprofile", "sys.settrace") and _STATE["active"] is not None and \
+            not _STATE["own"]:
+        _STATE["hits"].add(f"{event} (the grader's observer, replaced by the learner's code)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -382,7 +424,7 @@ def _child(i: int, nb: dict, msg: dict, w: int, ir: int, start: int) -> None:
         if callable(fn):
             for j, tree in enumerate(got["exercises"][k]):
                 args = wire.decode_value(tree, blobs, tuple)
-                wire.write_frame(w, _call(i, k, j, ex["id"], fn, args))
+                wire.write_frame(w, _call(i, k, j, ex, fn, args))
         wire.write_frame(w, wire.pack({"op": "exercise", "nb": i, "ex": k}))
     wire.write_frame(w, wire.pack({"op": "done", "nb": i}))
 
@@ -410,18 +452,24 @@ def _short(value: object) -> str:
         return "?"
 
 
-def _call(i: int, k: int, j: int, exercise: str, fn, args: tuple) -> bytes:
+def _call(i: int, k: int, j: int, ex: dict, fn, args: tuple) -> bytes:
     """One call of the learner's function through the exercise floor's runner, as a frame:
     its outcome (the value, or what it raised, or the argument it changed in place), and the
     package functions it handed the work to."""
-    _STATE["hits"] = set()
-    _STATE["active"] = exercise
+    _STATE["hits"], _STATE["codes"] = set(), ex.get("codes") or {}
+    _STATE["self"] = getattr(fn, "__code__", None)
+    _watch(True)
+    _STATE["active"] = ex["id"]
     t0 = time.perf_counter()
     try:
         outcome = outcomes.run(fn, args)
     except BaseException as exc:  # what the notebook lets through (KeyboardInterrupt, ...)
         outcome = outcomes.raised(exc)
+    if sys.getprofile() is not _profile:  # removed, or replaced, by the learner's code
+        _STATE["hits"].add("sys.setprofile (the grader's observer, removed by the learner's "
+                           "code)")
     _STATE["active"] = None
+    _watch(False)
     seconds = time.perf_counter() - t0
     blobs: list[bytes] = []
     try:
@@ -439,8 +487,17 @@ def _call(i: int, k: int, j: int, exercise: str, fn, args: tuple) -> bytes:
                       "delegated": sorted(_STATE["hits"]), "seconds": seconds}, blobs)
 
 
+def _watch(on: bool) -> None:
+    _STATE["own"] = True
+    try:
+        sys.setprofile(_profile if on else None)
+    finally:
+        _STATE["own"] = False
+
+
 def _cells(path: str) -> list[tuple[int, str]]:
-    """(cell number from 1, source) of each code cell, IPython magics and shell lines dropped."""
+    """(cell number from 1, Python) of each code cell, as IPython transforms it (cells.py):
+    magics and shell escapes become calls of `get_ipython()`, no Python line changes."""
     with open(path, encoding="utf-8") as f:
         nb = json.load(f)
     out = []
@@ -449,11 +506,11 @@ def _cells(path: str) -> list[tuple[int, str]]:
             continue
         source = cell.get("source", "")
         source = "".join(source) if isinstance(source, list) else str(source)
-        if source.lstrip().startswith("%%"):
-            continue
-        lines = [ln for ln in source.split("\n") if not ln.lstrip().startswith(("%", "!"))]
-        lines = [CHECK_LINE.sub(r"\1pass", ln) for ln in lines]
-        out.append((n, "\n".join(lines)))
+        lines = [CHECK_LINE.sub(r"\1pass", ln) for ln in source.split("\n")]
+        try:
+            out.append((n, cells.transform("\n".join(lines))))
+        except Exception:  # IPython could not read it: Python will say why
+            out.append((n, "\n".join(lines)))
     return out
 
 
@@ -472,13 +529,18 @@ def _execute(path: str, limit: float) -> tuple[dict, list, str | None]:
     ns["__builtins__"] = builtins
     ns["display"] = lambda *objects, **kwargs: None  # IPython's display, a no-op here
     try:
-        cells = _cells(path)
-    except (OSError, ValueError, AttributeError) as exc:
+        code = _cells(path)
+    except (OSError, ValueError, AttributeError, RecursionError, MemoryError) as exc:
         return ns, [], f"unreadable: {_text(exc)}"
     errors: list = []
+    at = [0]
+    shell = cells.Shell(ns, lambda what: errors.append(
+        [at[0], f"{cells.UNAVAILABLE}: {what[:200]}"]))
+    ns["get_ipython"] = lambda: shell
     deadline = time.monotonic() + limit
     signal.signal(signal.SIGALRM, _on_alarm)
-    for n, source in cells:
+    for n, source in code:
+        at[0] = n
         left = deadline - time.monotonic()
         if left <= 0:
             return ns, errors, f"the time limit of {limit:g} s was reached before cell {n}"

@@ -275,6 +275,9 @@ def _add_classroom(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard", metavar="K/N", default=None,
                    help="grade only the K-th of N slices of the class (every N-th learner from "
                    "the K-th), writing its journal and facts for grade-merge")
+    p.add_argument("--seed", type=_nonneg_int, default=None, metavar="S",
+                   help="the assignment's case seed: every learner gets the same hidden cases "
+                   "(default: a random one, kept in the journal; give the same to every shard)")
     _add_course_options(p)
     p.set_defaults(func=_cmd_grade)
     _add_grade_merge(sub)
@@ -288,9 +291,13 @@ def _add_course_options(p: argparse.ArgumentParser) -> None:
                    "optional name, email, section, sis_login, canvas_id")
     g.add_argument("--deadline", metavar="TIME", default=None,
                    help="when the work is due, ISO 8601 (2026-12-01T23:59, local time unless "
-                   "an offset is given); a submission's time is its file's modification time")
+                   "an offset is given); the times come from --timestamps, or --late-from-mtime")
     g.add_argument("--timestamps", metavar="CSV", default=None,
-                   help="the submission times an LMS exports: a CSV with columns id, submitted")
+                   help="the submission times an LMS exports: a CSV with columns id, submitted "
+                   "(the source of lateness)")
+    g.add_argument("--late-from-mtime", action="store_true", default=None,
+                   help="judge lateness by the files' modification times instead (a learner "
+                   "or an archive can set them)")
     g.add_argument("--late-penalty", type=_fraction, default=None, metavar="F",
                    help="the fraction of the points lost per day begun late (0.1 for 10%%)")
     g.add_argument("--late-cutoff", metavar="TIME", default=None,
@@ -468,7 +475,7 @@ def _cmd_grade(args: argparse.Namespace) -> int:
 
     given = {"instructor": args.instructor, "jobs": args.jobs, "resume": args.resume or None,
              "memory": None if args.memory is None else int(args.memory * 2**30),
-             "shard": args.shard, **_course_options(args)}
+             "shard": args.shard, "seed": args.seed, **_course_options(args)}
     rows = classroom.grade(Path(args.submissions), Path(args.out), args.timeout,
                            **{k: v for k, v in given.items() if v is not None}) or []
     passed = sum(1 for r in rows if r.get("status") == "passed")
@@ -485,7 +492,8 @@ def _course_options(args: argparse.Namespace) -> dict:
     paths = {k: None if getattr(args, k) is None else Path(getattr(args, k))
              for k in ("roster", "timestamps", "written", "feedback")}
     return {**paths, "deadline": args.deadline, "late_penalty": args.late_penalty,
-            "late_cutoff": args.late_cutoff, "export": tuple(args.export) or None}
+            "late_cutoff": args.late_cutoff, "export": tuple(args.export) or None,
+            "late_from_mtime": args.late_from_mtime}
 
 
 def _cmd_grade_merge(args: argparse.Namespace) -> int:

@@ -11,9 +11,36 @@ import numbers
 import os
 import traceback
 import warnings
+from enum import Enum
 from typing import NamedTuple
 
 import numpy as np
+
+
+class Status(str, Enum):
+    """What a check concluded (the first three), and what grading a class concludes of a row
+    (the others): one enum for the exercises and the grader. A `str`, so that CSV and JSON
+    write its value ("passed")."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    NOT_ATTEMPTED = "not attempted"
+    DELEGATED = "delegated"  # the learner's function handed the work to the package's own
+    MISSING = "missing"  # the function, or the notebook, is not in the submission
+    NOTEBOOK_ERROR = "notebook error"  # the notebook did not run to its end
+    PROTOCOL_ERROR = "protocol error"  # the sandbox's reply broke the protocol: tampering
+    UNREADABLE = "unreadable file"  # a file the walk refuses (a link, a pipe, a bad name)
+    OVER_LIMIT = "over the limit"  # a submission too deep, too large, or its notebooks too big
+    COLLISION = "name collision"  # several submissions would be one learner
+    NOT_SUBMITTED = "not submitted"  # a learner of the roster who handed nothing in
+    TO_GRADE = "to grade"  # a written answer the teacher has not graded yet
+    GRADED = "graded"  # a written answer the teacher graded
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 # The outcome of one call, other than a returned value. All are plain records of strings, so a

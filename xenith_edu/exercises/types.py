@@ -6,26 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
 
 import numpy as np
 
+from .outcomes import Status  # one enum for the checks and the grader (the sandbox sees it)
 from .progress import record
-
-
-class Status(str, Enum):
-    """What a check concluded. A `str`, so that CSV and JSON write its value ("passed")."""
-
-    PASSED = "passed"
-    FAILED = "failed"
-    NOT_ATTEMPTED = "not attempted"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
 
 HINT_STEPS = ("a question", "the rule", "the line")
 _hints_given: dict[str, int] = {}  # per exercise: how many of its hints this process has given
@@ -125,6 +110,10 @@ class Spec:
     # as the same sum with a term missing, a sign, a scale or a slip, so unseen mistakes get a name
     terms: Callable[[tuple], dict[str, list]] | None = None
     hints: tuple[str, ...] = ()  # the rule and the line (never the answer): the 2nd and 3rd hints
+    # package functions (dotted) a learner's function may call although the reference calls
+    # them (RoPE's tables, say): the grader records any other call into what computes the
+    # answer as "delegated"
+    may_call: tuple[str, ...] = ()
 
     @property
     def chapter(self) -> str:
