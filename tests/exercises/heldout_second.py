@@ -285,7 +285,7 @@ CE = [
        r"log.*(0|underflow)|log.?softmax|log-sum-exp|1e-12", None, "rare"),
     _w("softmax_cross_entropy", "global-max", _ce_global_max,
        r"each row's max|per row|row max", None,
-       "rare", "hole"),
+       "rare"),
     _w("softmax_cross_entropy", "loss-by-V", _ce_loss_by_v, r"\bV\b"),
     _w("softmax_cross_entropy", "dlogits-no-mean", _ce_no_mean_in_grad, r"N = \d+|1 ?/ ?N|mean"),
     _w("softmax_cross_entropy", "loss-mixed-shift", _ce_mixed_shift,

@@ -44,6 +44,16 @@ def _confidently_wrong(rng: np.random.Generator, N: int, V: int) -> Case:
     return Case(label, (logits, targets), "")
 
 
+def _rows_apart(rng: np.random.Generator, N: int, V: int) -> Case:
+    """Rows whose logits lie far apart (around 0 and around 800): each row needs its own max;
+    one max for the whole array underflows every exp of the low rows."""
+    logits = randn(rng, (N, V), np.float64, 2.0)  # (N, V)
+    logits[::2] += rng.uniform(780.0, 820.0)  # every other row far above the rest
+    targets = rng.integers(0, V, size=N)  # (N,)
+    label = f"float64, rows far apart (around 0 and around 800), N={N}, V={V}"
+    return Case(label, (logits, targets), OVERFLOW)
+
+
 def _ce_cases(rng: np.random.Generator) -> list[Case]:
     ints = int_sampler(rng)
 
@@ -67,6 +77,7 @@ def _ce_cases(rng: np.random.Generator) -> list[Case]:
                     0.02),
         _logit_case(rng, plain, ints(9, 12), ints(20, 40), np.float32, 3.0),
         _confidently_wrong(rng, ints(3, 6), ints(6, 12)),
+        _rows_apart(rng, ints(4, 7), ints(5, 10)),
     ]
 
 
@@ -139,7 +150,7 @@ CE = Spec(
     cases=_ce_cases,
     seed=101,
     summary="float64 and float32, N = 1 to 12, V = 2 to 40, N = V, repeated targets, logits "
-            "from near 0 to around 800, targets of probability below 1e-15",
+            "from near 0 to around 800, targets of probability below 1e-15, rows far apart",
     mistakes=_ce_mistakes,
     terms=_ce_terms,
     hints=("The loss is the mean over N positions of -log softmax(logits)[target]: the gradient of "
