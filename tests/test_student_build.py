@@ -122,6 +122,9 @@ def test_launch_buttons_open_the_student_version() -> None:
     assert '".[mpi,torch,hf]"' in postbuild  # the torch and llama chapters run on Binder
     workflow = (ROOT / ".github" / "workflows" / "book.yml").read_text(encoding="utf-8")
     assert f"git push -qf origin {STUDENT_BRANCH}" in workflow
+    # the student versions come from the package as pip installs it (its core dependencies
+    # alone: `student` would need the notebooks extra)
+    assert 'xenith-edu chapters --out "$RUNNER_TEMP/student"' in workflow
     assert f"cp \"$RUNNER_TEMP\"/student/*.ipynb {STUDENT_DIR}/" in workflow
     only_other = {"header_buttons": [{"label": "launch-buttons", "buttons": [
         {"type": "link", "text": "JupyterHub", "url": "https://hub.example.org/x"}]}]}
