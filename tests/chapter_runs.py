@@ -27,6 +27,7 @@ from xenith_edu import chapters
 from xenith_edu.classroom.points import SKIP_TAG
 from xenith_edu.classroom.student import make_student_versions
 from xenith_edu.exercises import GRADE_LOG_ENV
+from xenith_edu.exercises.progress import FILE_NAME as PROGRESS_FILE  # the learner's own record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +71,8 @@ class StudentRun(NamedTuple):
     """One student version run top to bottom from an empty folder with the wheel."""
 
     error: str | None  # the failing cell's error, None when every cell ran
-    left: list[str]  # what the run left in its working folder (nothing, rightly)
+    left: list[str]  # what the run left in its working folder but the learner's progress file
+    # (nothing, rightly)
     statuses: list[str]  # the verdicts its checks logged, in order
     not_full: list[str]  # skip-grading cells that are not the full version's (none, rightly)
 
@@ -108,7 +110,8 @@ def run_student_versions(out: Path, site: Path) -> dict[str, StudentRun]:
         except Exception as e:  # noqa: BLE001 - the test of this chapter reports it
             error = f"{type(e).__name__}: {str(e)[-3000:]}"
         lines = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
-        runs[c.slug] = StudentRun(error, sorted(p.name for p in empty.iterdir()),
+        runs[c.slug] = StudentRun(error, sorted(p.name for p in empty.iterdir()
+                                                if p.name != PROGRESS_FILE),
                                   [json.loads(line)["status"] for line in lines], not_full)
     return runs
 
@@ -117,7 +120,8 @@ class FullRun(NamedTuple):
     """One full chapter under nbval, from a folder that holds only it, with the wheel."""
 
     failures: list[str]  # nbval's failing cells, with its report; [] when every cell agreed
-    left: list[str]  # what the folder holds afterwards besides the notebook (nothing, rightly)
+    left: list[str]  # what the folder holds afterwards besides the notebook and the learner's
+    # progress file (nothing, rightly)
 
 
 class _Nbval(NamedTuple):
@@ -189,7 +193,7 @@ def _verdicts(run: _Nbval) -> dict[str, FullRun]:
         if slug not in seen:  # nbval never reported on it: say what pytest said
             failures[slug].append(f"not run (exit {run.proc.returncode}):\n{said[-3000:]}")
     return {slug: FullRun(failures[slug], sorted(p.name for p in path.parent.iterdir()
-                                                  if p != path))
+                                                  if p != path and p.name != PROGRESS_FILE))
             for slug, path in run.paths.items()}
 
 

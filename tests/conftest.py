@@ -138,6 +138,15 @@ def rng() -> np.random.Generator:
 
 
 @pytest.fixture(autouse=True)
+def _progress_elsewhere(tmp_path_factory, monkeypatch):
+    """Every test's checks record the learner's progress in a temporary file, never in the
+    folder the tests run from (the exercise tests of progress set their own)."""
+    from xenith_edu.exercises.progress import PROGRESS_ENV  # the exercise floor, on use
+
+    monkeypatch.setenv(PROGRESS_ENV, str(tmp_path_factory.mktemp("progress") / "p.json"))
+
+
+@pytest.fixture(autouse=True)
 def ctrl_c_raises():
     """Every test starts with Python's own Ctrl-C (KeyboardInterrupt), whatever the process
     that runs the tests set: the mutation runner, for one, ignores SIGINT, and the tests of

@@ -35,6 +35,10 @@ from xenith_edu.training.rundir import TEMP, FolderLock  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 KILLS = int(os.environ.get("XENITH_FAULTS", "2"))  # random moments per command and signal
 
+# what to-hf writes: the config, the weights, the tokenizer and the settings transformers reads
+MODEL_FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+               "tokenizer_config.json"]
+
 
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory) -> Path:
@@ -112,8 +116,7 @@ def test_to_hf_overwrite_stopped_at_any_moment_keeps_one_whole_model(hf, run, tm
             assert p.returncode in (0, -sig) or (p.returncode == 143
                                                  and len(err.splitlines()) == 1), err
             assert temps(out, tmp_path) == []
-        assert sorted(x.name for x in out.iterdir() if x.name != ".lock") == [
-            "config.json", "model.safetensors", "tokenizer.json"]
+        assert sorted(x.name for x in out.iterdir() if x.name != ".lock") == MODEL_FILES
         assert same_model(out, old)  # the same run: old and new are equal, and whole
         rc, _, err, _ = cli(["to-hf", run, "--out", out, "--overwrite"])
         assert rc == 0 and temps(out, tmp_path) == [], err
@@ -230,8 +233,7 @@ def test_to_hf_overwrite_replaces_the_whole_folder(run, tmp_path, monkeypatch, e
     (out / "generation_config.json").write_text("{}")  # the old model's: replaced with it
     rc, _, err, _ = cli(["to-hf", run, "--out", out, "--overwrite"])
     assert rc == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors",
-                                                    "tokenizer.json"]
+    assert sorted(p.name for p in out.iterdir()) == MODEL_FILES
     assert temps(out, tmp_path) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 
 

@@ -258,9 +258,10 @@ def test_the_archive_holds_no_solution_and_installs_offline(lesson_zip, tmp_path
     for script in ("setup.sh", "run_autograder"):
         subprocess.run(["bash", "-n", str(tmp_path / "src" / script)], check=True)
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                    "--target", str(target), str(tmp_path / "src" / wheel[0])], check=True,
-                   capture_output=True)
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                          "--no-index", "--target", str(target), str(tmp_path / "src" / wheel[0])],
+                         capture_output=True, text=True)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
     probe = ("import xenith_edu, xenith_edu.classroom.gradescope as g; "
              "from xenith_edu.tools.shipped import shipped; "
              "print(xenith_edu.__file__); print(shipped('shakespeare.txt').is_file())")

@@ -38,8 +38,19 @@ SOURCES = ("xenith_edu", "notebooks", "pyproject.toml", "setup.py", "MANIFEST.in
            "README.md", "_config.yml")
 
 
+def clone_entries() -> set[str]:
+    """What the clone holds, the files that packaging tools leave (build/, *.egg-info) too."""
+    return {p.name for p in ROOT.iterdir()} | {f"xenith_edu/{p.name}" for p in
+                                               (ROOT / "xenith_edu").iterdir()}
+
+
+LEFT_BY_THE_BUILD: set[str] = set()  # what building the wheel added to the clone (nothing)
+
+
 def build_wheel(out: Path) -> Path:
-    """The wheel, built offline from a copy of the sources (nothing left in the clone)."""
+    """The wheel, built offline from a copy of the sources (nothing left in the clone: an
+    editable install may have left its *.egg-info already, and that is not the build's)."""
+    before = clone_entries()
     src = out / "src"
     for name in SOURCES:
         if (ROOT / name).is_dir():
@@ -51,6 +62,7 @@ def build_wheel(out: Path) -> Path:
                     "--no-index", "-q", "-w", str(out / "dist"), str(src)], check=True,
                    capture_output=True, cwd=out)
     (wheel,) = (out / "dist").glob("xenith_edu-*.whl")
+    LEFT_BY_THE_BUILD.update(clone_entries() - before)
     return wheel
 
 
@@ -152,7 +164,7 @@ def test_the_wheel_holds_the_chapters_as_the_repository_has_them(wheel, tmp_path
         f"xenith_edu/notebooks/{p}{c.slug}.ipynb" for c in chapters.CHAPTERS
         for p in ("", "student/")}
     assert extra == set()
-    assert not (ROOT / "build").exists() and not list(ROOT.glob("*.egg-info"))
+    assert LEFT_BY_THE_BUILD == set()
 
 
 # ---------------------------------------------------------------- a learner's environment
