@@ -543,3 +543,14 @@ def test_the_lock_is_released_and_made_folders_removed_on_bad_input(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="is a file"):
         FolderLock(tmp_path / "file").acquire()
+
+
+def test_init_and_resume_together_is_one_usage_line_in_the_options_words(tmp_path, capsys):
+    """The one rule (training.rundir.check_start), in the command line's words: exit 2, one line
+    naming both options, nothing written."""
+    out = tmp_path / "run"
+    rc, _, err = run(["train", "--init", tmp_path / "a.npz", "--resume", tmp_path / "b.npz",
+                      "--out", out], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--init starts a new run and --resume continues one: give only one" in err
+    assert not out.exists()

@@ -67,10 +67,12 @@ def fine_tune_config(args: argparse.Namespace):
     from its metadata alone (the trainer reads the weights, once)."""
     from ..training.checkpoint import read_meta  # on use: --init
     from ..training.finetune import MODEL_FIELDS  # on use: --init
+    from ..training.rundir import check_start  # on use: --init
 
-    if args.resume is not None:
-        raise settings.UsageError("--init starts a new run and --resume continues one: give "
-                                  "only one")
+    try:
+        check_start(args.resume, args.init, ("--init", "--resume"))
+    except ValueError as e:  # the options' words, as a usage error
+        raise settings.UsageError(str(e)) from None
     if args.out is None:
         raise settings.UsageError("--init needs --out: the folder of the new run")
     cfg = read_meta(args.init)["config"]

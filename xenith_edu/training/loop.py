@@ -23,7 +23,7 @@ from .data import get_batch, load_text, prepare_data
 from .finetune import check_init, init_state, load_init, run_config
 from .optim import lr_at, zeros_like_params
 from .processes import batch_shards
-from .rundir import locked
+from .rundir import check_start, locked
 from .runlog import (
     RunLog,
     check_resume,
@@ -73,8 +73,7 @@ def load_data(tc: TrainConfig, ckpt: Checkpoint | None,
 def checkpoints(out_dir: str | Path, resume: str | Path | None, overwrite: bool,
                 init: str | Path | None) -> tuple[Path, Checkpoint | None, Checkpoint | None]:
     """The run directory, the checkpoint to resume and the one to fine-tune (each or None)."""
-    if init is not None and resume is not None:
-        raise ValueError("init starts a new run and resume continues one: give only one")
+    check_start(resume, init)
     out_dir, ckpt = check_run_dir(out_dir, resume, overwrite), load_resume(resume)
     return out_dir, ckpt, load_init(init) if init is not None else None
 

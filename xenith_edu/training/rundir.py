@@ -39,6 +39,15 @@ TEMP = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{12}\.tmp$")
 RUN_TEMP = re.compile(r"^\.(?P<name>ckpt\.npz|log\.jsonl|loss\.png)\.[^/]+\.tmp$")
 
 
+def check_start(resume: object, init: object, names: tuple[str, str] = ("init", "resume")
+                ) -> None:
+    """A run starts (from scratch, or from the weights of checkpoint `init`) or continues
+    (`resume`), never both: ValueError in the words `names` (the command line's options)."""
+    if init is not None and resume is not None:
+        raise ValueError(f"{names[0]} starts a new run and {names[1]} continues one: give only "
+                         "one")
+
+
 def check_run_dir(out_dir: str | Path, resume: str | Path | None, overwrite: bool) -> Path:
     """The run directory `out_dir`, after the overwrite policy: never replace a run by accident.
 
