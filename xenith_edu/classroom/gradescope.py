@@ -110,7 +110,12 @@ def package_wheel() -> tuple[str, bytes]:
     files = {f"{name}/{p.relative_to(root).as_posix()}": p.read_bytes()
              for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts
              and p.suffix not in (".pyc", ".pyo")}
-    files[f"{info}/METADATA"] = (dist.read_text("METADATA") or "").encode()
+    # an editable install's metadata may be found as an egg-info (PKG-INFO, the same format)
+    meta = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    if not any(line.startswith("Name:") for line in meta.splitlines()):
+        raise ValueError(f"the installed {PACKAGE} has no readable metadata: reinstall it, or "
+                         "give its wheel with --dist")
+    files[f"{info}/METADATA"] = meta.encode()
     files[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: xenith-edu gradescope\n"
                               b"Root-Is-Purelib: true\nTag: py3-none-any\n")
     files[f"{info}/entry_points.txt"] = (dist.read_text("entry_points.txt") or "").encode()

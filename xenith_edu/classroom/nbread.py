@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -127,6 +126,8 @@ def read_limited(items: list[dict], memory: int, seconds: float) -> dict[str, di
 
 
 def _child() -> None:
+    import resource  # POSIX only: the child runs where the grader does (Linux), not at import
+
     request = json.loads(sys.stdin.buffer.read())
     memory = int(request["memory"])
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
