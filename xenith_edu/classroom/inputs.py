@@ -60,29 +60,37 @@ class Person:
     canvas_id: str = ""
 
 
-def _table(path: Path, what: str, required: tuple[str, ...]) -> list[tuple[int, dict]]:
-    """(row number, {column: text}) of a CSV file, its header lower-cased."""
+def csv_rows(path: Path, what: str, advice: str, max_bytes: int = MAX_BYTES
+             ) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    """The one reader of the CSV files a class's grading reads (the teacher's, the grader's
+    own): the header, lower-cased, and each row with its number, after the checks of size,
+    encoding, NUL bytes and CSV syntax. Each failure is one ValueError that names the file (and
+    the row) and ends with `advice`, what to do."""
     try:
-        if path.stat().st_size > MAX_BYTES:
-            raise ValueError(f"{path.name}: larger than {MAX_BYTES >> 20} MiB: is this the "
+        if path.stat().st_size > max_bytes:
+            raise ValueError(f"{path.name}: larger than {max_bytes >> 20} MiB: is this the "
                              f"{what}?")
         text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise ValueError(f"{path.name}: not UTF-8 text: save the {what} as CSV (UTF-8)") \
-            from None
+        raise ValueError(f"{path.name}: not UTF-8 text: {advice}") from None
     except OSError as exc:
-        raise ValueError(f"{path.name}: cannot be read ({exc.strerror}): give the {what} "
-                         "as a CSV file") from None
+        raise ValueError(f"{path.name}: cannot be read ({exc.strerror}): {advice}") from None
     if "\0" in text:
         n = text[:text.index("\0")].count("\n") + 1
-        raise ValueError(f"{path.name}, row {n}: a NUL byte: save the {what} as CSV text")
+        raise ValueError(f"{path.name}, row {n}: a NUL byte: {advice}")
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
         header = [h.strip().lower() for h in next(reader, [])]
         rows = [(reader.line_num, r) for r in reader]
     except csv.Error as exc:
-        raise ValueError(f"{path.name}, row {reader.line_num}: not CSV ({exc}): save the "
-                         f"{what} as CSV") from None
+        raise ValueError(f"{path.name}, row {reader.line_num}: not CSV ({exc}): {advice}") \
+            from None
+    return header, rows
+
+
+def _table(path: Path, what: str, required: tuple[str, ...]) -> list[tuple[int, dict]]:
+    """(row number, {column: text}) of a teacher's CSV file, its header lower-cased."""
+    header, rows = csv_rows(path, what, f"save the {what} as CSV (UTF-8)")
     missing = [c for c in required if c not in header]
     if missing:
         raise ValueError(f"{path.name}, row 1: no column {missing[0]!r} in the header: the "

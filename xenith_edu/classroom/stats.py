@@ -8,7 +8,6 @@ roster); the absent and those on no roster are counted apart and never enter the
 
 from __future__ import annotations
 
-import csv
 import html
 import io
 import math
@@ -23,7 +22,7 @@ import numpy as np
 from ..tools.util import atomic_write, atomic_write_text
 from .course import outputs
 from .exports import csv_text, num
-from .inputs import unsafe_cell
+from .inputs import csv_rows, unsafe_cell
 from .statuses import STATUSES, Row
 
 MAX_BYTES = 256 << 20  # a grades CSV larger than this is not one
@@ -92,30 +91,10 @@ class Stats:
 
 def read_csv(path: Path, what: str, required: tuple[str, ...]) -> list[tuple[int, dict]]:
     """(row number, {column: text}) of the CSV `path` that `grade` wrote as its `what`."""
-    try:
-        if not path.is_file():
-            why = "is not a file" if path.exists() else "does not exist"
-            raise ValueError(f"{path} {why}: give the {what} that grade wrote")
-        if path.stat().st_size > MAX_BYTES:
-            raise ValueError(f"{path.name}: larger than {MAX_BYTES >> 20} MiB: is this the "
-                             f"{what}?")
-        text = path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise ValueError(f"{path.name}: not UTF-8 text: give the {what} that grade wrote") \
-            from None
-    except OSError as exc:
-        raise ValueError(f"{path.name}: cannot be read ({exc.strerror}): give the {what} "
-                         "that grade wrote") from None
-    if "\0" in text:
-        n = text[:text.index("\0")].count("\n") + 1
-        raise ValueError(f"{path.name}, row {n}: a NUL byte: give the {what} that grade wrote")
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-    try:
-        header = [h.strip().lower() for h in next(reader, [])]
-        rows = [(reader.line_num, r) for r in reader]
-    except csv.Error as exc:
-        raise ValueError(f"{path.name}, row {reader.line_num}: not CSV ({exc}): give the "
-                         f"{what} that grade wrote") from None
+    if not path.is_file():
+        why = "is not a file" if path.exists() else "does not exist"
+        raise ValueError(f"{path} {why}: give the {what} that grade wrote")
+    header, rows = csv_rows(path, what, f"give the {what} that grade wrote", MAX_BYTES)
     missing = [c for c in required if c not in header]
     if missing:
         raise ValueError(f"{path.name}, row 1: no column {missing[0]!r}: is this the {what} "
