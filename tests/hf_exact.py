@@ -87,3 +87,18 @@ def exact_models():
 
 
 exact_llama = exact_models  # the name the LLaMA tests use
+
+
+def assert_grads_match(grads: dict, cfg, model: torch.nn.Module, rtol: float = 1e-10) -> None:
+    """Every parameter gradient of ours (in the checkpoint's layout) equals transformers'
+    `.grad` after its backward, to `rtol` of the gradient's scale (at least 1)."""
+    import numpy as np
+
+    from xenith_edu.model.hf import params_to_hf
+
+    theirs = dict(model.named_parameters())
+    hf_grads = params_to_hf(grads, cfg)
+    assert set(hf_grads) == set(theirs)
+    for name, g in hf_grads.items():
+        scale = max(1.0, float(np.abs(g).max()))
+        assert np.abs(g - theirs[name].grad.numpy()).max() <= rtol * scale, name

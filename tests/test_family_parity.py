@@ -15,10 +15,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from families import NARROW, NEW, SMOLLM_135M, reduced, tiny_model  # noqa: E402
-from hf_exact import exact_models  # noqa: E402
+from hf_exact import assert_grads_match, exact_models  # noqa: E402
 
 from xenith_edu.model import forward, loss_and_grads  # noqa: E402
-from xenith_edu.model.hf import params_to_hf, read_hf, write_hf  # noqa: E402
+from xenith_edu.model.hf import read_hf, write_hf  # noqa: E402
 
 V = 40
 ALL = {**NEW, "SmolLM-135M": SMOLLM_135M}
@@ -46,12 +46,7 @@ def test_float64_logits_and_every_gradient_match_transformers(tmp_path, rng, fam
     our_loss, grads = loss_and_grads(model.params, model.config, x, y)
     assert np.abs(ours - logits.detach().numpy()).max() <= 1e-10
     assert abs(our_loss - loss.item()) <= 1e-10
-    theirs = dict(m.named_parameters())
-    hf_grads = params_to_hf(grads, model.config)
-    assert set(hf_grads) == set(theirs)
-    for name, g in hf_grads.items():
-        scale = max(1.0, float(np.abs(g).max()))
-        assert np.abs(g - theirs[name].grad.numpy()).max() <= 1e-10 * scale, name
+    assert_grads_match(grads, model.config, m)
     # to-hf: transformers loads the folder we write with the very same tensors
     write_hf(tmp_path / "back", model.params, model.config)
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back",

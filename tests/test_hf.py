@@ -18,7 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
-from hf_exact import exact_llama  # noqa: E402
+from families import TEXT, bpe_json  # noqa: E402
+from hf_exact import assert_grads_match, exact_llama  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
@@ -28,7 +29,6 @@ from xenith_edu.cli import main  # noqa: E402
 from xenith_edu.model import Config, forward, loss_and_grads  # noqa: E402
 from xenith_edu.model.hf import (  # noqa: E402
     config_from_hf,
-    params_to_hf,
     read_hf,
     read_safetensors,
     write_safetensors,
@@ -94,12 +94,7 @@ def test_logits_and_every_gradient_match_transformers(tmp_path, rng, tie, n_kv):
     our_loss, grads = loss_and_grads(model.params, model.config, x, y)
     assert np.abs(ours - logits.detach().numpy()).max() <= 1e-10
     assert abs(our_loss - loss.item()) <= 1e-10
-    theirs = dict(m.named_parameters())
-    hf_grads = params_to_hf(grads, model.config)
-    assert set(hf_grads) == set(theirs)
-    for name, g in hf_grads.items():
-        scale = max(1.0, float(np.abs(g).max()))
-        assert np.abs(g - theirs[name].grad.numpy()).max() <= 1e-10 * scale, name
+    assert_grads_match(grads, model.config, m)
     # the pad row: transformers' padding_idx gives it no gradient from the embedding
     if not tie:
         assert not grads["wte"][PAD].any()
@@ -281,21 +276,7 @@ def test_sharded_folder_reads_as_one(tmp_path):
 
 # -- the command line, end to end, with a BPE tokenizer trained here ------------------------
 
-TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
-        "First Citizen:\nYou are all resolved rather to die than to famish?\n") * 12
-
-
-def bpe_json(vocab: int = 120) -> str:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(vocab_size=len(alphabet) + vocab, initial_alphabet=alphabet,
-                                  special_tokens=["<s>", "</s>", "<pad>", "<unk>"])
-    tok.train_from_iterator([TEXT], trainer)
-    return tok.to_str()
+# TEXT and bpe_json (a byte-level BPE tokenizer trained on it) are tests/families.py's
 
 
 @pytest.fixture(scope="module")
