@@ -25,7 +25,7 @@ except ImportError as exc:  # fail loudly: CI must never skip the chapter's chec
                       "extra (pip install -e '.[torch]')") from exc
 
 import xenith_edu as xe
-from xenith_edu.exercises.torch import wq_from_rotate_half
+from xenith_edu.model.hf import pair_rows
 from xenith_edu.model.params import random_params
 
 # Shape legend: B batch, S positions, N = B*S, d width, H heads, hd head width, f hidden,
@@ -214,12 +214,13 @@ def test_rotate_half_model_with_permuted_weights_is_our_model(kind: str) -> None
 
 
 @pytest.mark.parametrize("d,n_head", [(8, 1), (12, 2), (24, 4), (18, 3), (10, 5)])
-def test_the_exercise_reference_undoes_the_chapter_permutation(d: int, n_head: int) -> None:
+def test_the_package_reading_undoes_the_chapter_permutation(d: int, n_head: int) -> None:
     """A rotate-half checkpoint (nn.Linear layout) made with the chapter's tau_d converts
-    back to our W_q with the exercise's reference: the two are written independently."""
+    back to our W_q with the package's reading map, pair_rows: the two are written
+    independently."""
     wq = np.random.default_rng(d).standard_normal((d, d))  # ours, (in, out)
     checkpoint = wq[:, NB["half_permutation"](d, n_head)].T  # (out, in), rotate-half order
-    assert np.array_equal(wq_from_rotate_half(checkpoint, n_head), wq)
+    assert np.array_equal(checkpoint[pair_rows(n_head, d // n_head)].T, wq)
 
 
 def test_rope_identity_on_random_heads() -> None:

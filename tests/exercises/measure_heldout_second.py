@@ -25,6 +25,7 @@ import xenith_edu.exercises as ex
 
 from .heldout_second import HELDOUT_SECOND, Wrong
 from .test_heldout import diagnosis
+from .test_heldout_second import LIVE, RETIRED
 
 __test__ = False  # a measurement, not a test: pytest does not collect it
 
@@ -80,9 +81,12 @@ def _kind(entry: Wrong) -> str:
 
 def report(verdicts: list[Verdict], show: bool = False) -> None:
     """Prints the measurement of one draw of the cases (the notebook's)."""
-    chapters = {e.exercise: ex.SPECS[e.exercise].chapter for e in HELDOUT_SECOND}
+    chapters = {e.exercise: ex.SPECS[e.exercise].chapter for e in LIVE}
     print(f"{len(verdicts)} wrong answers, {len(set(chapters))} exercises, "
           f"{len(set(chapters.values()))} chapters")
+    gone = len(HELDOUT_SECOND) - len(LIVE)
+    print(f"left out: {gone} entries of exercises the book no longer asks "
+          f"({', '.join(sorted(RETIRED))})")
     rejected = [v for v in verdicts if v.rejected]
     print(f"rejected: {_pct(len(rejected), len(verdicts))}")
     for kind in ("plain", "rare", "hole"):
@@ -132,16 +136,16 @@ def seeds_report(k: int) -> None:
     passes: dict[str, int] = defaultdict(int)
     named = rejected = 0
     for seed in range(1, k + 1):
-        for entry in HELDOUT_SECOND:
+        for entry in LIVE:
             v = judge(entry, np.random.default_rng(seed))
             rejected += v.rejected
             named += v.named
             if not v.rejected:
                 passes[entry.id] += 1
-    total = k * len(HELDOUT_SECOND)
+    total = k * len(LIVE)
     print(f"\nover {k} more draws of the cases: rejected {_pct(rejected, total)}, right "
           f"diagnosis {_pct(named, rejected)}")
-    flags = {e.id: _kind(e) for e in HELDOUT_SECOND}
+    flags = {e.id: _kind(e) for e in LIVE}
     for kind in ("plain", "rare", "hole"):
         ids = [f"{i} ({n} of {k})" for i, n in passes.items() if flags[i] == kind]
         print(f"  false passes among {kind} entries: {len(ids)}"
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=0, help="more draws of the cases")
     parser.add_argument("--show", action="store_true", help="print the verdicts not named")
     args = parser.parse_args(argv)
-    report([judge(e) for e in HELDOUT_SECOND], args.show)
+    report([judge(e) for e in LIVE], args.show)
     if args.seeds > 0:
         seeds_report(args.seeds)
     return 0

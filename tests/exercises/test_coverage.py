@@ -94,9 +94,7 @@ EXEMPT: dict[tuple[str, str], str] = {
 
 # Holes still open, by spec: each entry is asserted to be a hole still (a test below), so it
 # is removed the day the spec's cases reach that part of the axis.
-KNOWN_HOLES: dict[str, tuple[str, ...]] = {
-    "wk_from_hf": ("magnitudes from 0.5 only", "magnitudes up to 10 only", "sizes from 3 only"),
-}
+KNOWN_HOLES: dict[str, tuple[str, ...]] = {}
 
 
 def _partial(spec: ex.Spec, right_here: Callable[[tuple], bool]) -> Callable:

@@ -13,19 +13,18 @@ import numpy as np
 
 from xenith_edu.exercises.engine import close
 from xenith_edu.exercises.torch import (
+    ALIBI,
     BIAS,
+    alibi_slopes_grad,
     attention_bias_backward,
     attention_bias_forward,
-    half_rows,
-    wq_from_rotate_half,
 )
 from xenith_edu.tools.gradcheck import check_gradient
 
 from .helpers import catalogue_tests, kw
 
-# Shape legend: d width, H heads (n_head), hd = d // H head width. A checkpoint's `weight` is
-# nn.Linear's (out, in) = (d, d) with rotate-half output order; ours is (in, out), interleaved.
-# The attention bias: B batch, S positions; q, k, v, dout (B, H, S, hd), bias (H, S, S).
+# Shape legend: B batch, H heads, S positions, hd head width; q, k, v, dout (B, H, S, hd),
+# bias (H, S, S), slopes (H,); D (S, S) the distances i - j of ALiBi.
 
 
 # ---------------------------------------------------------------- the learned attention bias
@@ -138,85 +137,63 @@ def test_the_bias_cases_tell_the_mistakes_apart() -> None:
         assert all(_differ(a, b) for i, a in enumerate(answers) for b in answers[i + 1:])
 
 
-def convert(weight, n_head, *, transpose=True, order="inverse", axis="out", heads=None,
-            cast=None):
+def alibi(dout, q, k, v, slopes, *, sign=-1.0, batch="sum", from_dP=False, rowsum=True,
+          scale=False, bias_in=True, heads="own", dist="i-j", cast=None):
     """From scratch, with one switch per mistake of the catalogue."""
-    d = weight.shape[0]
-    H = n_head if heads is None else heads
-    hd = d // H
-    i = np.arange(hd // 2)
-    ours = {  # our coordinate -> the rotate-half coordinate it is read from, within a head
-        "inverse": np.stack([i, i + hd // 2], axis=1).reshape(-1),  # 2i -> i, 2i+1 -> i + hd/2
-        "tau": np.concatenate([2 * i, 2 * i + 1]),  # the chapter's tau, the wrong way
-        "none": np.arange(hd),
-        "swapped": np.stack([i + hd // 2, i], axis=1).reshape(-1),
-    }[order]
-    rows = (np.arange(H)[:, None] * hd + ours[None, :]).reshape(-1)  # (d,)
-    moved = weight[rows, :] if axis == "out" else weight[:, rows]
-    out = moved.T if transpose else moved
-    return out.astype(cast) if cast is not None else out
+    B, H, S, hd = q.shape
+    t = np.arange(S)
+    D = {"i-j": np.tril(t[:, None] - t[None, :]),
+         "i-j+1": np.tril(t[:, None] - t[None, :] + 1)}[dist].astype(np.float64)  # (S, S)
+    m = slopes.astype(np.float64)
+    bias = -m[:, None, None] * D if bias_in else 0.0 * D
+    Z = q.astype(np.float64) @ np.swapaxes(k, -1, -2) / math.sqrt(hd) + bias
+    Z = np.where(np.tri(S, dtype=bool), Z, -np.inf)
+    P = np.exp(Z - Z.max(axis=-1, keepdims=True))
+    P /= P.sum(axis=-1, keepdims=True)  # (B, H, S, S)
+    dP = dout.astype(np.float64) @ np.swapaxes(v, -1, -2)
+    dZ = dP if from_dP else (P * (dP - np.sum(P * dP, axis=-1, keepdims=True)) if rowsum
+                             else P * dP)
+    g = {"sum": dZ.sum(axis=0), "first": dZ[0], "mean": dZ.mean(axis=0)}[batch]
+    out = sign * np.sum(g * D, axis=(1, 2))  # (H,)
+    if scale:
+        out = out / math.sqrt(hd)
+    if heads == "all":
+        out = np.full(H, out.sum())
+    return out.astype(cast or q.dtype)
 
 
-def by_reshape(weight, n_head):
-    """The inverse of the Hugging Face conversion script's permute, then the transpose."""
-    d = weight.shape[0]
-    hd = d // n_head
-    return weight.reshape(n_head, 2, hd // 2, d).transpose(0, 2, 1, 3).reshape(d, d).T
+def alibi_by_loops(dout, q, k, v, slopes):
+    """Sequence by sequence, head by head, query by query: the softmax's Jacobian row by row,
+    and the slope's gradient as the derivative of the scores, -(i - j), summed."""
+    B, H, S, hd = q.shape
+    out = np.zeros(H)
+    for b in range(B):
+        for h in range(H):
+            for i in range(S):
+                z = np.array([q[b, h, i] @ k[b, h, j] / math.sqrt(hd) - slopes[h] * (i - j)
+                              for j in range(i + 1)], dtype=np.float64)
+                p = np.exp(z - z.max())
+                p /= p.sum()
+                dp = np.array([dout[b, h, i] @ v[b, h, j] for j in range(i + 1)])
+                dz = (np.diag(p) - np.outer(p, p)) @ dp
+                out[h] += sum(dz[j] * -(i - j) for j in range(i + 1))
+    return out.astype(q.dtype)
 
 
-def by_loops(weight, n_head):
-    d = weight.shape[0]
-    hd = d // n_head
-    out = np.empty_like(weight)
-    for c in range(n_head):
-        for i in range(hd // 2):
-            for r in range(2):
-                out[:, c * hd + 2 * i + r] = weight[c * hd + r * hd // 2 + i, :]
-    return out
-
-
-def by_argsort(weight, n_head):
-    d = weight.shape[0]
-    hd = d // n_head
-    tau = np.concatenate([np.arange(0, hd, 2), np.arange(1, hd, 2)])
-    tau_d = (np.arange(n_head)[:, None] * hd + tau).reshape(-1)  # half j <- ours tau_d[j]
-    return weight.T[:, np.argsort(tau_d)]
-
-
-def by_matrix_product(weight, n_head):
-    """A permutation matrix: a product with ones and zeros moves entries exactly."""
-    d = weight.shape[0]
-    hd = d // n_head
-    c, m = np.divmod(np.arange(d), hd)  # head and coordinate of each of our columns
-    rows = c * hd + (m % 2) * (hd // 2) + m // 2  # (d,) the checkpoint's row for each
-    P = np.eye(d, dtype=weight.dtype)[rows]  # (d, d) row j of P @ weight is weight[rows[j]]
-    return (P @ weight).T
-
-
-def two_columns_swapped(weight, n_head):
-    out = by_reshape(weight, n_head).copy()
-    out[:, [0, 1]] = out[:, [1, 0]]
-    return out
-
-
-def shuffled_within_columns(weight, n_head):
-    out = by_reshape(weight, n_head).copy()
-    return out[::-1, :]  # every column's entries in reverse: not whole rows of the checkpoint
-
-
-def in_place(weight, n_head):
-    weight[:] = by_reshape(weight, n_head).T
-    return weight.T
+def alibi_by_bias(dout, q, k, v, slopes):
+    """The learned bias's backward (the package), then the chain rule through bias = -m D."""
+    S = q.shape[-2]
+    D = np.tril(np.subtract.outer(np.arange(S), np.arange(S))).astype(q.dtype)
+    dbias = bias_by_package(dout, q, k, v, -slopes[:, None, None] * D)[3]
+    return -np.einsum("hij,ij->h", dbias, D)
 
 
 RIGHT = {
     "attention_bias_backward": (biased, bias_by_heads, bias_by_package),
-    "wq_from_rotate_half": (convert, by_reshape, by_loops, by_argsort, by_matrix_product,
-                            wq_from_rotate_half),
+    "alibi_slopes_grad": (alibi, alibi_by_loops, alibi_by_bias, alibi_slopes_grad,
+                          # i - j + 1: each row of dZ sums to 0, so a constant per row is lost
+                          kw(alibi, dist="i-j+1")),
 }
-
-ORDER = "the permutation goes the wrong way"
-LAYOUT = "in nn.Linear's (out, in) layout"
 
 SHARED = "shared by the B sequences"
 
@@ -254,61 +231,52 @@ MUTANTS = [
     ("attention_bias_backward", kw(biased, np_sqrt=True),
      ["dq has dtype float64, expected float32"]),
     ("attention_bias_backward", kw(biased, in_place=True), ["changed its input `dout` in place"]),
-    ("wq_from_rotate_half", kw(convert, transpose=False), [LAYOUT], [ORDER]),
-    ("wq_from_rotate_half", kw(convert, order="none"), ["still in rotate-half order"], [LAYOUT]),
-    ("wq_from_rotate_half", kw(convert, order="tau"), [ORDER, "its inverse"], [LAYOUT]),
-    ("wq_from_rotate_half", kw(convert, heads=1), ["treats the d columns as one head"]),
-    ("wq_from_rotate_half", kw(convert, order="swapped"),
-     ["two members of each pair are exchanged"]),
-    ("wq_from_rotate_half", kw(convert, axis="in"), ["applied to the input axis"], [ORDER]),
-    ("wq_from_rotate_half", kw(convert, order="tau", axis="in"),
-     [ORDER, "applied to the input axis"]),
-    ("wq_from_rotate_half", kw(convert, transpose=False, order="tau"), [LAYOUT, ORDER]),
-    ("wq_from_rotate_half", kw(convert, transpose=False, order="none"),
-     [LAYOUT, "still in rotate-half order"]),
-    ("wq_from_rotate_half", lambda w, H: w.copy(), [LAYOUT, "still in rotate-half order"]),
-    ("wq_from_rotate_half", kw(convert, heads=2), ["the one for n_head = 2"]),
-    ("wq_from_rotate_half", kw(convert, heads=4), ["the one for n_head = 4"]),
-    ("wq_from_rotate_half", two_columns_swapped, ["re:your column \\d+ \\(head 0, coordinate "
-                                                  "\\d\\) is the checkpoint's row \\d+; it "
-                                                  "should be row \\d+"]),
-    ("wq_from_rotate_half", shuffled_within_columns, ["not one whole row of the checkpoint"]),
-    ("wq_from_rotate_half", lambda w, H: 2.0 * by_reshape(w, H), ["only moves entries"]),
-    ("wq_from_rotate_half", lambda w, H: -by_reshape(w, H), ["sign flipped"]),
-    ("wq_from_rotate_half", lambda w, H: -w[half_rows(w.shape[0], H)].T,
-     ["sign flipped"], [ORDER]),
-    ("wq_from_rotate_half", kw(convert, cast=np.float64),
-     ["wq has dtype float64, expected float32", "do not cast"]),
-    ("wq_from_rotate_half", in_place, ["changed its input `weight` in place"]),
-    ("wq_from_rotate_half", lambda w, H: by_reshape(w, H).reshape(H, -1, w.shape[0]),
-     ["wq has shape", "(d, d)"]),
+    ("alibi_slopes_grad", kw(alibi, sign=1.0), ["sign flipped"]),
+    ("alibi_slopes_grad", kw(alibi, batch="first"), ["only the first sequence's"]),
+    ("alibi_slopes_grad", kw(alibi, batch="mean"), ["averaged, not summed"]),
+    ("alibi_slopes_grad", kw(alibi, from_dP=True), ["dP", "gradient of the scores"]),
+    ("alibi_slopes_grad", kw(alibi, rowsum=False), ["row-sum term is missing"]),
+    ("alibi_slopes_grad", kw(alibi, scale=True), ["1/sqrt(hd) is applied"]),
+    ("alibi_slopes_grad", kw(alibi, bias_in=False), ["recomputed without the bias"]),
+    ("alibi_slopes_grad", kw(alibi, heads="all"), ["summed together"]),
+    ("alibi_slopes_grad", kw(alibi, cast=np.float64), ["dtype float64, expected float32"]),
+    ("alibi_slopes_grad", lambda dout, q, k, v, m: alibi(dout, q, k, v, m)[None].repeat(2, 0),
+     ["dslopes has shape", "(H,)"]),
 ]
 
 (test_right_answers_pass, test_mutant_is_rejected_with_its_diagnosis,
  test_the_catalogue_covers_the_chapter) = catalogue_tests(RIGHT, MUTANTS)
 
 
-def test_the_cases_tell_the_mistakes_apart() -> None:
-    """The first case of every draw has several heads and hd >= 6, where tau and its inverse
-    differ; the cases vary n_head, hd and the dtype."""
-    from xenith_edu.exercises import SPECS
+def test_the_alibi_reference_matches_finite_differences() -> None:
+    """dslopes against central differences of sum(out * G) in float64, the forward written here
+    with the bias -m_h (i - j), on B = 2 sequences."""
+    rng = np.random.default_rng(12)
+    B, H, S, hd = 2, 3, 5, 6
+    q, k, v, G = (rng.standard_normal((B, H, S, hd)) for _ in range(4))
+    slopes = np.array([0.5, 0.25, 0.125]) * np.exp(0.3 * rng.standard_normal(H))
+    t = np.arange(S)
 
-    spec = SPECS["wq_from_rotate_half"]
+    def loss(m):
+        Z = q @ np.swapaxes(k, -1, -2) / math.sqrt(hd) - m[:, None, None] * (t[:, None] - t)
+        Z = np.where(np.tri(S, dtype=bool), Z, -np.inf)
+        P = np.exp(Z - Z.max(axis=-1, keepdims=True))
+        return float(np.sum((P / P.sum(axis=-1, keepdims=True)) @ v * G))
+
+    res = check_gradient(loss, slopes.copy(), alibi_slopes_grad(G, q, k, v, slopes),
+                         name="dslopes")
+    assert res.passed, str(res)
+
+
+def test_the_alibi_cases_tell_the_mistakes_apart() -> None:
+    """On the first case of every draw (B >= 2, H >= 2), every known mistake gives an answer
+    of its own, none the right one."""
     for seed in [None, 0, 1, 2, 3, 4]:
-        cases = spec.make_cases(None if seed is None else np.random.default_rng(seed))
-        weight, H = cases[0].args
-        assert H >= 2 and weight.shape[0] // H >= 6
-        assert {c.args[0].dtype for c in cases} == {np.dtype(np.float64), np.dtype(np.float32)}
-        assert len({c.args[1] for c in cases}) >= 3
-        assert len({c.args[0].shape[0] // c.args[1] for c in cases}) >= 3
-
-
-
-def test_every_diagnosis_holds_on_many_draws() -> None:
-    """The grader draws its cases at random: each mutant keeps its diagnosis on 20 draws."""
-    from .helpers import assert_rejected
-
-    for seed in range(20):
-        for name, fn, words, *absent in MUTANTS:
-            assert_rejected(name, fn, words, absent[0] if absent else [],
-                            np.random.default_rng(100 + seed))
+        cases = ALIBI.make_cases(None if seed is None else np.random.default_rng(seed))
+        args = cases[0].args
+        B, H = args[1].shape[:2]
+        assert B >= 2 and H >= 2
+        exp = dict(zip(ALIBI.out_names, ALIBI.reference(*args), strict=True))
+        answers = [{**exp, **make()} for _, make in ALIBI.mistakes(args, exp)]
+        assert all(_differ(a, exp) for a in answers)
+        assert all(_differ(a, b) for i, a in enumerate(answers) for b in answers[i + 1:])

@@ -42,7 +42,7 @@ from .embedding import (
 )
 from .engine import GRADE_LOG_ENV, check, judge
 from .hints import forget_hints, hint
-from .llama import check_padded_cross_entropy, check_wk_from_hf
+from .llama import check_padded_cross_entropy, check_qk_norm_backward
 from .memory import (
     check_kv_cache_budget,
     check_softmax_merge,
@@ -74,7 +74,7 @@ from .swiglu import (
     check_silu_grad,
     check_swiglu_backward,
 )
-from .torch import check_attention_bias_backward, check_wq_from_rotate_half
+from .torch import check_alibi_slopes_grad, check_attention_bias_backward
 from .training import (
     check_adam_l2_update,
     check_adamw_update,
@@ -145,7 +145,7 @@ __all__ = [
     "check_global_gradient",
     "check_ring_allreduce_bytes",
     "check_attention_bias_backward",
-    "check_wq_from_rotate_half",
+    "check_alibi_slopes_grad",
     "check_padded_cross_entropy",
-    "check_wk_from_hf",
+    "check_qk_norm_backward",
 ]

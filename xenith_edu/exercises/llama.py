@@ -1,5 +1,5 @@
-"""Exercises of the "A real LLaMA" chapter: the loss of a padded batch and its gradient, and a
-grouped-query checkpoint's k_proj in the book's layout.
+"""Exercises of the "A real LLaMA" chapter: the loss of a padded batch and its gradient, and
+QK-norm's backward (Qwen3's RMSNorm over each head of q and k, one gain for all the heads).
 
 See the "A real LLaMA" chapter; each check names the usual mistakes.
 """
@@ -10,14 +10,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..model.hf.layout import pair_rows
+from ..qk_norm import qk_norm_backward, qk_norm_forward
 from ..softmax_ce import softmax_cross_entropy
 from .engine import check
-from .kit import amax, int_sampler, randn, softmax64
+from .fit import Term, term
+from .kit import amax, int_sampler, log_uniform, magnitudes, randn, rms_parts, softmax64
 from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: N positions, V vocab, M the positions that count (target != ignore_index);
-# d width, H query heads, Hkv key/value heads, hd = d // H head width.
+# QK-norm: u (N, H*hd) the queries (or keys) of N positions, H heads of width hd, w (hd,).
 
 
 # -- the padded cross-entropy: a derivation ---------------------------------------------------
@@ -108,72 +109,167 @@ def check_padded_cross_entropy(fn: Callable) -> CheckResult:
     return check(PADDED, fn)
 
 
-# -- a grouped-query checkpoint's k_proj ------------------------------------------------------
+# -- QK-norm's backward: RMSNorm over each head, one gain for every head ------------------------
 
-def wk_from_hf(weight: np.ndarray, n_head: int, n_kv_head: int) -> np.ndarray:
-    """Our W_k (d, Hkv*hd) from a rotate-half checkpoint's k_proj weight (Hkv*hd, d)."""
-    hd = weight.shape[1] // n_head
-    return weight[pair_rows(n_kv_head, hd)].T
+def _qk_reference(dy: np.ndarray, u: np.ndarray, w: np.ndarray, eps: float) -> tuple:
+    _, cache = qk_norm_forward(u, w, eps)
+    return qk_norm_backward(dy, cache)
 
 
-def _wk_cases(rng: np.random.Generator) -> list[Case]:
+def _qk_cases(rng: np.random.Generator) -> list[Case]:
     ints = int_sampler(rng)
-    cases = []
-    for what, H, hkv, hd, dtype in (("", 6, 2, 2 * ints(3, 4), np.float64),
-                                    ("", 4, 2, 2 * ints(2, 4), np.float32),
-                                    ("one key/value head, ", 4, 1, 6, np.float64),
-                                    ("no grouping (Hkv = H), ", 3, 3, 8, np.float64)):
-        weight = randn(rng, (hkv * hd, H * hd), dtype)  # (Hkv*hd, d) nn.Linear's (out, in)
-        cases.append(Case(f"{np.dtype(dtype).name}, {what}n_head={H}, n_kv_head={hkv}, "
-                          f"hd={hd}", (weight, H, hkv)))
-    return cases
-
-
-def _wk_mistakes(args: tuple, exp: dict) -> list[Mistake]:
-    weight, H, hkv = args
-    rows, d = weight.shape
-    hd = d // H
-
-    def moved(order: np.ndarray) -> Callable[[], dict]:
-        return lambda: {"wk": weight[order].T}
-
-    table = [
-        ("the rows are still in rotate-half order: within each key/value head, our pair i is "
-         "(2i, 2i+1), rotate-half's is (i, i + hd/2).", moved(np.arange(rows))),
-        ("the result is in nn.Linear's (out, in) layout: our W_k is (in, out), the transpose.",
-         lambda: {"wk": weight[pair_rows(hkv, hd)]}),
-        ("the permutation treats all the rows as one head: reorder within each key/value "
-         "head of width hd.", moved(pair_rows(1, rows))),
+    sq_h, sq_hd = 2, 2 * ints(1, 3)  # N = H * hd: u is square
+    plans = [  # what, N, H, hd, dtype, scale of u
+        ("", ints(3, 6), ints(2, 4), 2 * ints(2, 4), np.float64, 1.0),
+        ("", ints(2, 5), ints(2, 3), 2 * ints(3, 5), np.float32, 1.0),
+        ("one head (plain RMSNorm), ", ints(2, 4), 1, 2 * ints(2, 4), np.float64, 1.0),
+        ("N=1 (one position), ", 1, ints(2, 4), 2 * ints(2, 3), np.float64, 1.0),
+        ("N = H*hd (square), ", sq_h * sq_hd, sq_h, sq_hd, np.float64, 1.0),
+        ("small inputs where eps matters, ", ints(2, 4), ints(2, 3), 2 * ints(2, 3),
+         np.float64, 0.01),
     ]
-    return table
+    cases = []
+    for what, N, H, hd, dtype, scale in plans:
+        eps = log_uniform(rng, 1e-7, 1e-5)
+        loud = np.exp(rng.uniform(-1.5, 1.5, H)).repeat(hd)  # (H*hd,) each head its own size
+        u = (randn(rng, (N, H * hd), np.float64, scale) * loud).astype(dtype)  # (N, H*hd)
+        w = (1.0 + 0.5 * rng.standard_normal(hd)).astype(dtype)  # (hd,)
+        dy = randn(rng, (N, H * hd), dtype)  # (N, H*hd)
+        sizes = ", ".join(f"{n}={x}" for n, x in (("N", N), ("H", H), ("hd", hd))
+                          if f"{n}=" not in what and not (n == "H" and H == 1))
+        cases.append(Case(f"{np.dtype(dtype).name}, {what}{sizes}, eps={eps:.1e}",
+                          (dy, u, w, eps)))
+    return cases + magnitudes(rng, cases[0], 0, "dy")
 
 
-WK = Spec(
-    id="wk_from_hf",
-    reference_name="xenith_edu.exercises.llama.wk_from_hf",
-    arg_names=("weight", "n_head", "n_kv_head"),
-    out_names=("wk",),
-    kinds=("array",),
-    reference=lambda weight, n_head, n_kv_head: (wk_from_hf(weight, n_head, n_kv_head),),
-    cases=_wk_cases,
-    seed=2702,
-    summary="float64 and float32, 1 to 3 key/value heads for 3 to 6 query heads",
-    single=True,
-    mistakes=_wk_mistakes,
-    floor=lambda a: {"wk": amax(a[0])},
-    shape_hints={"wk": "W_k is (d, n_kv_head * hd): the checkpoint's k_proj, transposed."},
-    dtype_hint="A conversion keeps the checkpoint's dtype: index and transpose, do not cast.",
+def _heads(a: np.ndarray, hd: int) -> np.ndarray:
+    return a.reshape(a.shape[0], -1, hd)  # (N, H*hd) -> (N, H, hd)
+
+
+def _qk_parts(dy: np.ndarray, u: np.ndarray, w: np.ndarray, eps: float) -> tuple:
+    """(xhat, rstd, g) per head: (N, H, hd), (N, H, 1), (N, H, hd) with g = dy * w."""
+    hd = w.shape[0]
+    xhat, rstd = rms_parts(_heads(u, hd), eps)
+    return xhat, rstd, _heads(dy, hd) * w
+
+
+def _qk_mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    dy, u, w, eps = args
+    N, width = u.shape
+    hd = w.shape[0]
+    H = width // hd
+    xhat, rstd, g = _qk_parts(dy, u, w, eps)
+    proj = np.mean(g * xhat, axis=-1, keepdims=True)  # (N, H, 1)
+    flat = lambda a: a.reshape(N, width)  # noqa: E731
+    dw = np.sum(_heads(dy, hd) * xhat, axis=0)  # (H, hd) per head, before the heads' sum
+
+    def whole_row() -> dict:  # one RMSNorm over the H*hd numbers, the gain repeated per head
+        xr, rr = rms_parts(u, eps)  # (N, H*hd), (N, 1)
+        gr = dy * np.tile(w, H)
+        dx = rr * (gr - xr * np.mean(gr * xr, axis=-1, keepdims=True))
+        return {"du": dx, "dw": np.sum(_heads(dy * xr, hd), axis=(0, 1))}
+
+    def strided() -> dict:  # head h taken as the columns h, h + H, h + 2H, ...
+        t = lambda a: a.reshape(N, hd, H).swapaxes(1, 2)  # noqa: E731
+        xs, rs = rms_parts(t(u), eps)
+        gs = t(dy) * w
+        ds = rs * (gs - xs * np.mean(gs * xs, axis=-1, keepdims=True))  # (N, H, hd)
+        return {"du": ds.swapaxes(1, 2).reshape(N, width), "dw": np.sum(t(dy) * xs, axis=(0, 1))}
+
+    return [
+        (f"the whole row of H*hd = {width} numbers is normalised as one: QK-norm is an RMSNorm "
+         f"of each head's hd = {hd} numbers on its own (reshape to (N, H, hd) first).",
+         whole_row),
+        ("the heads are cut the wrong way: head h is the columns h*hd to (h+1)*hd - 1 "
+         "(reshape (N, H, hd)), not every H-th column.", strided),
+        ("the mean term of RMSNorm's Jacobian is missing: du = rstd * (g - xhat * mean(g * "
+         "xhat)) per head, with g = dy * w.", lambda: {"du": flat(rstd * g)}),
+        ("the mean term has the wrong sign: du = rstd * (g - xhat * mean(g * xhat)).",
+         lambda: {"du": flat(rstd * (g + xhat * proj))}),
+        (f"the mean term sums over the hd = {hd} numbers of a head where the mean is needed.",
+         lambda: {"du": flat(rstd * (g - xhat * proj * hd))}),
+        ("eps is missing: rstd = 1 / sqrt(mean(u_head**2) + eps).",
+         lambda: dict(zip(("du", "dw"), _qk_reference(dy, u, w, 0.0), strict=True))),
+        ("du ignores the gain w: the gradient reaching xhat is g = dy * w.",
+         lambda: {"du": flat(rstd * (_heads(dy, hd) - xhat * np.mean(
+             _heads(dy, hd) * xhat, axis=-1, keepdims=True)))}),
+        ("dw uses u where the normalised xhat is needed: dw sums dy * xhat.",
+         lambda: {"dw": np.sum(_heads(dy * u, hd), axis=(0, 1))}),
+        (f"dw holds the first head's gradient only: the gain is shared by the H = {H} heads, "
+         "so their gradients add (the used-twice rule).", lambda: {"dw": dw[0]}),
+        (f"dw averages over the H = {H} heads: a gain used by every head gets the sum of "
+         "their gradients, not the mean.", lambda: {"dw": dw.mean(axis=0)}),
+        (f"dw averages over the N = {N} positions: the gain is shared by them, so the sum.",
+         lambda: {"dw": dw.sum(axis=0) / N}),
+    ]
+
+
+def _qk_terms(args: tuple) -> dict[str, list[Term]]:
+    """du = rstd * dy * w - rstd * xhat * mean(g * xhat) per head, dw = sum(dy * xhat) over
+    the positions and the heads."""
+    dy, u, w, eps = args
+    N, width = u.shape
+    hd = w.shape[0]
+    xhat, rstd, g = _qk_parts(dy, u, w, eps)
+    proj = np.mean(g * xhat, axis=-1, keepdims=True)  # (N, H, 1)
+    flat = lambda a: np.broadcast_to(a, g.shape).reshape(N, width)  # noqa: E731
+    per = np.sum(_heads(dy, hd) * xhat, axis=0)  # (H, hd)
+    return {
+        "du": [term("rstd * dy * w", ("rstd", flat(rstd)), ("dy", dy),
+                    ("w", np.tile(w, width // hd))),
+               term("-rstd * xhat * mean(g * xhat)", ("rstd", flat(rstd)), ("xhat", flat(xhat)),
+                    ("mean(g * xhat)", flat(proj)), sign=-1.0)],
+        "dw": [Term("sum(dy * xhat) over the positions and the heads", per.sum(axis=0),
+                    slips=(("only the first head's, not the sum over the heads", per[0]),))],
+    }
+
+
+def _qk_floor(args: tuple) -> dict[str, float]:
+    dy, u, w, eps = args
+    xhat, rstd, _ = _qk_parts(dy, u, w, eps)
+    return {"du": amax(dy, w) * float(np.max(rstd)),
+            "dw": u.shape[0] * (u.shape[1] // w.shape[0]) * amax(dy, xhat)}
+
+
+QK_NORM = Spec(
+    id="qk_norm_backward",
+    reference_name="xenith_edu.qk_norm.qk_norm_backward",
+    arg_names=("dy", "u", "w", "eps"),
+    out_names=("du", "dw"),
+    kinds=("array", "array"),
+    reference=_qk_reference,
+    cases=_qk_cases,
+    seed=2703,
+    summary="float64 and float32, 1 to 4 heads of hd = 2 to 10, N = 1 to 12, a square u, "
+            "small inputs where eps matters, heads of different sizes, dy from 1e-3 to 1e2",
+    mistakes=_qk_mistakes,
+    terms=_qk_terms,
+    factors=lambda a: {f"N = {a[1].shape[0]}": float(a[1].shape[0]),
+                       f"H = {a[1].shape[1] // a[2].shape[0]}": a[1].shape[1] / a[2].shape[0],
+                       f"hd = {a[2].shape[0]}": float(a[2].shape[0])},
+    floor=_qk_floor,
+    shape_hints={"dw": "The gain is (hd,), one entry per coordinate of a head, shared by every "
+                       "head and every position: sum dy * xhat over both."},
+    hints=("A row of q is H heads side by side, each normalised on its own with one gain w "
+           "(hd,): which chapter's backward is each head's, and what does a gain used by H "
+           "heads and N positions get back?",
+           "Reshape dy and u to (N, H, hd); per head, du = rstd * (g - xhat * mean(g * xhat, "
+           "axis=-1, keepdims=True)) with g = dy * w (RMSNorm's); dw sums dy * xhat over the "
+           "positions and the heads (the used-twice rule); reshape du back to (N, H*hd).",
+           "h = u.reshape(N, H, hd); rstd = 1 / sqrt(mean(h**2, axis=-1, keepdims=True) + eps); "
+           "xhat = h * rstd; g = dy.reshape(N, H, hd) * w; du = (rstd * (g - xhat * mean(g * "
+           "xhat, axis=-1, keepdims=True))).reshape(N, H*hd); dw = sum(dy.reshape(N, H, hd) * "
+           "xhat, axis=(0, 1))"),
 )
 
 
-def check_wk_from_hf(fn: Callable) -> CheckResult:
-    """`fn(weight (Hkv*hd, d) k_proj, rotate-half; n_head; n_kv_head) -> wk (d, Hkv*hd)`.
-
-    See the "A real LLaMA" chapter.
+def check_qk_norm_backward(fn: Callable) -> CheckResult:
+    """`fn(dy (N, H*hd), u (N, H*hd), w (hd,), eps) -> (du (N, H*hd), dw (hd,))`: QK-norm's
+    backward, an RMSNorm over each head with one gain. See the "A real LLaMA" chapter.
     """
-    return check(WK, fn)
+    return check(QK_NORM, fn)
 
 
-SPECS = [PADDED, WK]
+SPECS = [PADDED, QK_NORM]
 
-__all__ = ["check_padded_cross_entropy", "check_wk_from_hf"]
+__all__ = ["check_padded_cross_entropy", "check_qk_norm_backward"]

@@ -1,5 +1,5 @@
 """Exercises of the "Your backward inside PyTorch" chapter: a learned attention bias's backward,
-and a rotate-half checkpoint's W_q in ours.
+and the gradient of ALiBi's slopes, a bias made from one learned number per head.
 
 NumPy only (this module never imports torch); each check names the usual mistakes.
 """
@@ -12,190 +12,14 @@ from collections.abc import Callable
 import numpy as np
 
 from ..attention import AttentionCache, causal_attention_backward, causal_mask
-from ..model.hf.layout import pair_rows
 from .attention import softmax_terms
 from .engine import check
 from .fit import Term
 from .kit import OVERFLOW, amax, fmt, int_sampler, magnitudes, randn
 from .types import Case, CheckResult, Mistake, Spec
 
-# Shape legend: d width, H heads, hd = d // H head width (even). A checkpoint's weight is
-# nn.Linear's (out, in) = (d, d); ours is (in, out), the output coordinates of head c being the
-# columns c*hd .. (c+1)*hd - 1.
-
-
-def interleaved_rows(d: int, n_head: int) -> np.ndarray:
-    """For our output coordinate c*hd + 2i + r, the checkpoint's output c*hd + r*hd/2 + i.
-
-    Our pair i of a head is (2i, 2i+1); rotate-half's pair i is (i, i + hd/2). (d,) int array:
-    the map that reading a Hugging Face checkpoint applies (`xenith_edu.model.hf.pair_rows`).
-    """
-    return pair_rows(n_head, d // n_head)  # (d,)
-
-
-def half_rows(d: int, n_head: int) -> np.ndarray:
-    """The inverse map: rotate-half coordinate c*hd + j comes from ours (the chapter's tau)."""
-    hd = d // n_head
-    tau = np.concatenate((np.arange(0, hd, 2), np.arange(1, hd, 2)))  # (hd,)
-    return (np.arange(n_head)[:, None] * hd + tau[None, :]).reshape(-1)  # (d,)
-
-
-def wq_from_rotate_half(weight: np.ndarray, n_head: int) -> np.ndarray:
-    """Our W_q (in, out) from a rotate-half checkpoint's nn.Linear weight (out, in), (d, d)."""
-    return weight[interleaved_rows(weight.shape[0], n_head), :].T
-
-
-def _swapped_rows(d: int, n_head: int) -> np.ndarray:
-    """The members of each pair exchanged: our 2i + r read from rotate-half (1 - r)*hd/2 + i."""
-    hd = d // n_head
-    j = np.arange(hd)
-    where = (1 - j % 2) * (hd // 2) + j // 2
-    return (np.arange(n_head)[:, None] * hd + where[None, :]).reshape(-1)
-
-
-def _cases(rng: np.random.Generator) -> list[Case]:
-    ints = int_sampler(rng)
-
-    # (what, n_head, hd, dtype). The first case tells every known mistake apart: several heads,
-    # and hd >= 6, where the permutation and its inverse differ (for hd = 4 they coincide). The
-    # widths d are multiples of 8 where they can be, so that a head count typed in (2, 4)
-    # still gives even heads, and the diagnosis can name it.
-    sizes = [
-        ("", 2 * ints(1, 2), 4 * ints(2, 3), np.float64),
-        ("", ints(2, 3), 8 * ints(1, 2), np.float32),
-        ("one head, ", 1, 4 * ints(2, 3), np.float64),
-        ("hd = 4, ", ints(2, 5), 4, np.float64),
-        ("hd = 2 (nothing to reorder), ", ints(2, 6), 2, np.float64),
-        ("one head of width 2, ", 1, 2, np.float64),
-    ]
-    cases = []
-    for what, H, hd, dtype in sizes:
-        d = H * hd
-        weight = randn(rng, (d, d), dtype)  # (d, d) nn.Linear's (out, in), distinct entries
-        cases.append(Case(f"{np.dtype(dtype).name}, {what}weight ({d}, {d}), n_head={H}",
-                          (weight, H)))
-    return cases + magnitudes(rng, cases[0], 0, "weight")
-
-
-def _mistakes(args: tuple, exp: dict) -> list[Mistake]:
-    weight, n_head = args
-    d = weight.shape[0]
-    layout = {
-        True: "",
-        False: ("the result is in nn.Linear's (out, in) layout: our W_q is (in, out), the "
-                "transpose."),
-    }
-    orders = {  # name -> (rows of the checkpoint for our output coordinates, what is wrong)
-        "right": (interleaved_rows(d, n_head), ""),
-        "tau": (half_rows(d, n_head),
-                "the permutation goes the wrong way: tau maps our order to rotate-half's; "
-                "the conversion needs its inverse (our 2i + r reads rotate-half r*hd/2 + i)."),
-        "none": (np.arange(d),
-                 "the output coordinates are still in rotate-half order: within each head, our "
-                 "pair i is (2i, 2i+1), rotate-half's is (i, i + hd/2); reorder them."),
-        "one head": (interleaved_rows(d, 1),
-                     "the permutation treats the d columns as one head: reorder within each "
-                     "head of width hd = d // n_head."),
-        "swapped": (_swapped_rows(d, n_head),
-                    "the two members of each pair are exchanged: our 2i is rotate-half's i "
-                    "(first half of the head), our 2i + 1 is its i + hd/2."),
-    }
-    table: list[Mistake] = []
-    for transposed in (True, False):
-        for name, (rows, wrong_order) in orders.items():
-            for axis in ("out", "in"):
-                if name == "right" and axis == "out" and transposed:
-                    continue  # the right answer
-                if name == "none" and axis == "in":
-                    continue  # the same as axis "out"
-                wrong_axis = ("the permutation was applied to the input axis: it reorders the "
-                              "output coordinates (the columns of our W_q, the rows of "
-                              "nn.Linear's weight)." if axis == "in" else "")
-                parts = [p for p in (layout[transposed], wrong_order, wrong_axis) if p]
-                table.append((" And ".join(parts), _answer(weight, rows, axis, transposed)))
-    for typed in (1, 2, 4, 8, 16, 32):  # n_head typed in instead of read from the argument
-        table.append((f"the permutation is the one for n_head = {typed}: read n_head from the "
-                      f"argument.",
-                      _typed(weight, n_head, typed)))
-    return table
-
-
-def _answer(weight: np.ndarray, rows: np.ndarray, axis: str,
-            transposed: bool) -> Callable[[], dict]:
-    def make() -> dict:
-        moved = weight[rows, :] if axis == "out" else weight[:, rows]
-        return {"wq": moved.T if transposed else moved}
-
-    return make
-
-
-def _typed(weight: np.ndarray, n_head: int, typed: int) -> Callable[[], dict]:
-    def make() -> dict:
-        d = weight.shape[0]
-        if typed == n_head or typed == 1 or d % typed or (d // typed) % 2:
-            return {}  # no prediction: the right count, the one-head entry, or impossible
-        if np.array_equal(interleaved_rows(d, typed), interleaved_rows(d, n_head)):
-            return {}
-        return {"wq": weight[interleaved_rows(d, typed), :].T}
-
-    return make
-
-
-def _diagnose(args: tuple, exp: dict, got: dict, wrong: set, tol: float) -> list[str]:
-    """Where the entries of a wrong answer came from, when no known mistake explains it."""
-    weight, n_head = args
-    g = np.asarray(got["wq"], dtype=np.float64)
-    if g.shape != weight.shape:
-        return []
-    where = {float(v): i for i, v in enumerate(weight.reshape(-1))}  # the entries are distinct
-    src = [where.get(float(v)) for v in g.reshape(-1)]
-    if any(s is None for s in src):
-        if all(where.get(-float(v)) is not None for v in g.reshape(-1)):
-            return ["your W_q holds the checkpoint's entries with their sign flipped: the "
-                    "conversion only moves entries, it never negates them."]
-        return ["your W_q has entries that are not in the checkpoint: the conversion only moves "
-                "entries (a transpose and a reordering of rows), it computes nothing."]
-    d = weight.shape[0]
-    rows, cols = np.divmod(np.array(src).reshape(d, d), d)  # checkpoint (row, col) of each entry
-    whole = np.all(rows == rows[:1, :]) and np.array_equal(cols, np.tile(np.arange(d)[:, None],
-                                                                          (1, d)))
-    if not whole:
-        return ["your W_q is a rearrangement of the checkpoint's entries, but its column j is "
-                "not one whole row of the checkpoint, transposed: the conversion moves whole "
-                "rows (one per output coordinate) and keeps the order within each."]
-    expected = interleaved_rows(d, n_head)
-    j = int(np.argmax(rows[0] != expected))
-    hd = d // n_head
-    return [f"your column {j} (head {j // hd}, coordinate {j % hd}) is the checkpoint's row "
-            f"{int(rows[0, j])}; it should be row {int(expected[j])} (our coordinate 2i + r "
-            f"reads rotate-half r*hd/2 + i)."]
-
-
-WQ = Spec(
-    id="wq_from_rotate_half",
-    reference_name="xenith_edu.exercises.torch.wq_from_rotate_half",
-    arg_names=("weight", "n_head"),
-    out_names=("wq",),
-    kinds=("array",),
-    reference=lambda weight, n_head: (wq_from_rotate_half(weight, n_head),),
-    cases=_cases,
-    seed=1414,
-    summary="float64 and float32, 1 to 6 heads, hd = 2 to 16, weights from 1e-3 to 1e2",
-    single=True,
-    mistakes=_mistakes,
-    diagnose=_diagnose,
-    floor=lambda a: {"wq": amax(a[0])},
-    shape_hints={"wq": "W_q is square: (d, d), the checkpoint's shape."},
-    dtype_hint="A conversion keeps the checkpoint's dtype: index and transpose, do not cast.",
-)
-
-
-def check_wq_from_rotate_half(fn: Callable) -> CheckResult:
-    """`fn(weight (d, d) nn.Linear layout, rotate-half; n_head) -> wq (d, d)`, ours.
-
-    See the "Your backward inside PyTorch" chapter.
-    """
-    return check(WQ, fn)
+# Shape legend: B batch, H heads, S positions, hd head width; q, k, v, dout (B, H, S, hd),
+# bias (H, S, S), slopes (H,).
 
 
 # ----------------------------------------------------------------------------------------------
@@ -420,6 +244,154 @@ def check_attention_bias_backward(fn: Callable) -> CheckResult:
     return check(BIAS, fn)
 
 
-SPECS = [BIAS, WQ]
+# ----------------------------------------------------------------------------------------------
+# ALiBi with learned slopes: the bias of head h is -m_h (i - j) for query i and key j <= i. The
+# slopes are the parameters: the bias rule's dbias, then one more step of the chain rule.
 
-__all__ = ["check_attention_bias_backward", "check_wq_from_rotate_half"]
+
+def alibi_distances(S: int) -> np.ndarray:
+    """(S, S) float64: i - j for a key j at or before the query i, 0 above the diagonal (where
+    the mask hides the key whatever the bias holds)."""
+    t = np.arange(S)
+    return np.tril(t[:, None] - t[None, :]).astype(np.float64)  # (S, S)
+
+
+def alibi_slopes_grad(dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                      slopes: np.ndarray) -> np.ndarray:
+    """dslopes (H,) of attention with the bias -slopes[h] * (i - j): the learned bias's dbias
+    (H, S, S), then through bias = -m_h D, a product with a constant: dm_h = -sum(dbias_h * D).
+
+    See the "Your backward inside PyTorch" chapter.
+    """
+    D = alibi_distances(q.shape[-2]).astype(q.dtype)  # (S, S)
+    bias = -slopes[:, None, None] * D  # (H, S, S)
+    dbias = attention_bias_backward(dout, attention_bias_forward(q, k, v, bias)[1])[3]
+    return -np.sum(dbias * D, axis=(1, 2))  # (H,)
+
+
+def _alibi_cases(rng: np.random.Generator) -> list[Case]:
+    ints = int_sampler(rng)
+
+    def hd() -> int:  # sqrt(hd) is never 2 or 3, so the scale is never a batch size
+        return int(rng.choice([2, 6, 8]))
+
+    # (what, B, H, S, hd, dtype): the first two have B >= 2 and H >= 2 (a missing batch sum
+    # or a sum over the heads shows), one case is square in its last two axes, one is long
+    plans = [("", ints(2, 3), ints(2, 3), ints(5, 7), hd(), np.float64),
+             ("", ints(2, 3), 2, ints(4, 6), hd(), np.float32),
+             ("one sequence, ", 1, ints(2, 3), ints(4, 6), hd(), np.float64),
+             ("one head, ", 2, 1, ints(4, 6), hd(), np.float64),
+             ("S = hd (square), ", 2, 2, 6, 6, np.float64),
+             ("longer, ", 2, 2, ints(9, 12), 2, np.float64)]
+    cases = []
+    for what, B, H, S, w, dtype in plans:
+        q, k, v, dout = (randn(rng, (B, H, S, w), dtype) for _ in range(4))  # (B, H, S, hd)
+        alibi = 2.0 ** (-8.0 * np.arange(1, H + 1) / H)  # (H,) ALiBi's initial slopes
+        slopes = (alibi * np.exp(0.5 * rng.standard_normal(H))).astype(dtype)  # (H,) learned
+        cases.append(Case(f"{np.dtype(dtype).name}, {what}B={B}, H={H}, S={S}, hd={w}",
+                          (dout, q, k, v, slopes)))
+    return cases + magnitudes(rng, cases[0], 0, "dout")
+
+
+def _alibi_parts(args: tuple, slopes: np.ndarray | None = None, **switches) -> dict:
+    """biased64 of the ALiBi bias made from `slopes` (the argument's when None), and D."""
+    dout, q, k, v, m = args
+    D = alibi_distances(q.shape[-2])  # (S, S)
+    m = m if slopes is None else slopes
+    return {**biased64(dout, q, k, v, -m[:, None, None] * D, **switches), "D": D}
+
+
+def _alibi_mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    dout, q, k, v, m = args
+    B, H, S, hd = q.shape
+    f = _alibi_parts(args)
+    D, dZ = f["D"], f["dZ"]
+
+    def through(g: np.ndarray) -> np.ndarray:  # (B, H, S, S) score gradients -> (H,)
+        return -np.sum(g.sum(axis=0) * D, axis=(1, 2))
+
+    geometric = 2.0 ** (-8.0 * np.arange(1, H + 1) / H)
+    return [
+        ("sign flipped: the bias is -m_h (i - j), so dm_h = -sum(dbias_h * (i - j)); the "
+         "minus of the bias stays in its gradient.", lambda: {"dslopes": -through(dZ)}),
+        (f"only the first sequence's gradient: the slopes are shared by the B = {B} "
+         "sequences, so their gradients add (the broadcast row).",
+         lambda: {"dslopes": -np.sum(dZ[0] * D, axis=(1, 2))}),
+        (f"the batch's gradients are averaged, not summed over the B = {B} sequences.",
+         lambda: {"dslopes": through(dZ) / B}),
+        ("dP, the gradient of the weights, is used where dZ, the gradient of the scores, is "
+         "needed: the bias is added to the scores, before the softmax.",
+         lambda: {"dslopes": through(f["dP"])}),
+        ("the softmax's row-sum term is missing: dZ = P * (dP - rowsum(P * dP)).",
+         lambda: {"dslopes": through(f["P"] * f["dP"])}),
+        ("1/sqrt(hd) is applied to the slopes' gradient: the scale multiplies q k^T only, "
+         "the bias is added after it.", lambda: {"dslopes": through(dZ) / math.sqrt(hd)}),
+        ("the weights P are recomputed without the bias: the slopes change the scores, so "
+         "P = softmax(q k^T / sqrt(hd) - m_h (i - j) + mask).",
+         lambda: {"dslopes": through(_alibi_parts(args, slopes=0 * m)["dZ"])}),
+        ("the slopes are ALiBi's fixed 2**(-8 (h+1) / H), not the argument `slopes`: they are "
+         "learned, read them.",
+         lambda: {"dslopes": through(_alibi_parts(args, slopes=geometric)["dZ"])}),
+        ("the heads' gradients are summed together: each head has its own slope, so dm_h sums "
+         "over the batch and the (i, j) entries of head h only.",
+         lambda: {"dslopes": np.full(H, through(dZ).sum())}),
+    ]
+
+
+def _alibi_terms(args: tuple) -> dict[str, list[Term]]:
+    """dm_h = -sum(P * dP * D) + sum(P * rowsum(P * dP) * D), over the batch and (i, j)."""
+    f = _alibi_parts(args)
+    P, dP, D = f["P"], f["dP"], f["D"]
+    A = P * dP  # (B, H, S, S)
+    rows = P * np.sum(A, axis=-1, keepdims=True)  # (B, H, S, S)
+    one = "only the first sequence's, not the batch sum"
+    return {"dslopes": [
+        Term("-sum(P * dP * (i - j))", -np.sum(A * D, axis=(0, 2, 3)),
+             slips=((one, -np.sum(A[0] * D, axis=(1, 2))),)),
+        Term("sum(P * rowsum(P * dP) * (i - j))", np.sum(rows * D, axis=(0, 2, 3)),
+             slips=((one, np.sum(rows[0] * D, axis=(1, 2))),))]}
+
+
+ALIBI = Spec(
+    id="alibi_slopes_grad",
+    reference_name="xenith_edu.exercises.torch.alibi_slopes_grad",
+    arg_names=("dout", "q", "k", "v", "slopes"),
+    out_names=("dslopes",),
+    kinds=("array",),
+    reference=lambda dout, q, k, v, slopes: (alibi_slopes_grad(dout, q, k, v, slopes),),
+    cases=_alibi_cases,
+    seed=1416,
+    summary="float64 and float32, B = 1 to 3, H = 1 to 3, S = 4 to 12, dout from 1e-3 to 1e2",
+    single=True,
+    mistakes=_alibi_mistakes,
+    terms=_alibi_terms,
+    factors=lambda a: {f"sqrt(hd) = {fmt(math.sqrt(a[1].shape[-1]))}": math.sqrt(a[1].shape[-1]),
+                       f"B = {a[1].shape[0]}": float(a[1].shape[0])},
+    floor=lambda a: {"dslopes": amax(a[0], a[3]) * a[1].shape[-1] * a[1].shape[0]
+                     * a[1].shape[2] ** 2},
+    shape_hints={"dslopes": "One slope per head: dslopes is (H,), the slopes' shape; sum over "
+                            "the batch and over the (i, j) entries of each head."},
+    dtype_hint=("Divide by hd**0.5, a Python float, not by np.sqrt(hd); and make the distances "
+                "in the inputs' dtype: a float64 array makes float32 arrays float64."),
+    hints=("m_h reaches the loss only through the bias of head h, bias_h = -m_h (i - j): what "
+           "does a product with a constant matrix pass back to m_h, and from which sequences?",
+           "Get dZ as in the learned-bias exercise, with the bias -m_h (i - j) in the scores; "
+           "dbias = dZ.sum(axis=0) (H, S, S); then dm_h = -sum over (i, j) of dbias_h * (i - j).",
+           "D = np.tril(i - j); dslopes = -np.sum(dZ.sum(axis=0) * D, axis=(1, 2)), with dZ = P * "
+           "(dP - sum(P * dP, axis=-1, keepdims=True)) and P the biased weights."),
+)
+
+
+def check_alibi_slopes_grad(fn: Callable) -> CheckResult:
+    """`fn(dout, q, k, v (B, H, S, hd), slopes (H,)) -> dslopes (H,)`: causal attention with
+    ALiBi's bias -slopes[h] * (i - j), the slopes learned.
+
+    See the "Your backward inside PyTorch" chapter.
+    """
+    return check(ALIBI, fn)
+
+
+SPECS = [BIAS, ALIBI]
+
+__all__ = ["alibi_distances", "alibi_slopes_grad", "check_alibi_slopes_grad",
+           "check_attention_bias_backward"]
