@@ -269,7 +269,7 @@ def test_exercise_references_pass_and_mistakes_are_named():
         r = check_global_gradient(wrong)
         assert not r.passed and named in r.message, r.message
     assert check_ring_allreduce_bytes(lambda n, i, k: ring_bytes_reference(n, i, k)[0]).passed
-    assert check_ring_allreduce_bytes(lambda n, i, k: 2 * (k - 1) * n * i // k).passed
+    assert check_ring_allreduce_bytes(lambda n, i, k: 2 * (k - 1) * ((n + k - 1) // k) * i).passed
     for wrong, named in ((lambda n, i, k: 2 * (k - 1) * (n // k), "numbers, not bytes"),
                          (lambda n, i, k: (k - 1) * (n // k) * i, "half the traffic"),
                          (lambda n, i, k: 2 * (k - 1) * n * i, "not the whole buffer"),

@@ -92,47 +92,74 @@ def check_global_gradient(fn: Callable) -> CheckResult:
 
 
 def ring_bytes_reference(n_params: int, itemsize: int, K: int) -> tuple:
-    """2 (K-1) messages of one chunk, n_params / K numbers, each of itemsize bytes."""
-    return (2 * (K - 1) * (n_params // K) * itemsize,)
+    """2 (K-1) messages of one chunk, ceil(n_params / K) numbers, each of itemsize bytes: a
+    buffer that K does not divide is padded with zeros to the next multiple of K, so that the
+    K chunks are equal, and the padding travels with the rest (the statement says so)."""
+    chunk = -(-n_params // K)  # ceil(n_params / K) numbers in each of the K chunks
+    return (2 * (K - 1) * chunk * itemsize,)
 
 
 def _ring_cases(rng: np.random.Generator) -> list[Case]:
-    sizes = [(813_696, 4, 2), (813_696, 4, 64), (int(rng.integers(2, 50)) * 81_369_600, 2, 8),
-             (int(rng.integers(1000, 9000)) * 3, 8, 3), (int(rng.integers(10, 99)) * 7, 4, 7),
-             (int(rng.integers(100, 999)), 4, 1)]
+    # (n_params, itemsize, K, the remainder n_params % K it is given): most divide, two do
+    # not (the padding), one of them leaving a single number over, one K - 1 of them
+    sizes = [(813_696, 4, 2, 0), (813_696, 4, 64, 0),
+             (int(rng.integers(2, 50)) * 81_369_600, 2, 8, 0),
+             (int(rng.integers(1000, 9000)) * 3, 8, 3, 0), (int(rng.integers(10, 99)) * 7, 4, 7, 0),
+             (int(rng.integers(100, 999)), 4, 1, 0),
+             (int(rng.integers(1000, 9000)) * 5, 4, 5, 1),
+             (int(rng.integers(100, 999)) * 6, 2, 6, 5)]
     cases = []
-    for n, itemsize, K in sizes:
-        n -= n % K  # the ring cuts the buffer into K equal chunks
-        cases.append(Case(f"n_params={n:,}, itemsize={itemsize}, K={K}", (n, itemsize, K)))
+    for n, itemsize, K, rest in sizes:
+        n += rest - n % K  # n_params % K == rest
+        what = "" if rest == 0 else f" (K does not divide it: {rest} over)"
+        cases.append(Case(f"n_params={n:,}{what}, itemsize={itemsize}, K={K}", (n, itemsize, K)))
     return cases
+
+
+ROUNDED_DOWN = ("the chunks are rounded down: with n_params // K numbers each, the last "
+                "n_params % K numbers never travel. The ring pads the buffer to a multiple of K, "
+                "so a chunk holds ceil(n_params / K) numbers.")
 
 
 def _ring_mistakes(args: tuple, exp: dict) -> list[Mistake]:
     n, i, K = args
-    chunk = n // K
-    return [
+    base: list[tuple[str, Callable[[int], int | None]]] = [  # (what, chunk -> the answer)
         ("the count is in numbers, not bytes: multiply by the itemsize.",
-         lambda: {"bytes": 2 * (K - 1) * chunk} if i > 1 and K > 1 else {}),
+         lambda c: 2 * (K - 1) * c if i > 1 and K > 1 else None),
         ("this is half the traffic: the reduce-scatter sends (K-1) chunks, and the all-gather "
-         "that follows sends (K-1) more.",
-         lambda: {"bytes": (K - 1) * chunk * i} if K > 1 else {}),
+         "that follows sends (K-1) more.", lambda c: (K - 1) * c * i if K > 1 else None),
         ("each of the 2 (K-1) messages carries one chunk of n_params / K numbers, not the "
-         "whole buffer.", lambda: {"bytes": 2 * (K - 1) * n * i} if K > 1 else {}),
+         "whole buffer.", lambda c: 2 * (K - 1) * n * i if K > 1 else None),
         ("a ring of K ranks takes K-1 steps per phase, not K: a rank never sends to itself.",
-         lambda: {"bytes": 2 * K * chunk * i}),
+         lambda c: 2 * K * c * i),
     ]
+    table: list[Mistake] = [
+        (ROUNDED_DOWN,
+         lambda: {"bytes": 2 * (K - 1) * (n // K) * i} if n % K else {}),
+        ("this is the exact share 2 (K-1) / K of the buffer, rounded: but a message carries "
+         "whole chunks, and when K does not divide n_params each is ceil(n_params / K) numbers, "
+         "the padding included.", lambda: {"bytes": 2 * (K - 1) * n * i // K} if n % K else {}),
+    ]
+    # each slip with the padded chunk, and again with the chunk rounded down as well (the
+    # same answer where K divides n_params): a learner makes it with either
+    for chunk, more in ((-(-n // K), ""), (n // K, " And " + ROUNDED_DOWN)):
+        for what, answer in base:
+            table.append((what + more, lambda answer=answer, chunk=chunk:
+                          {} if answer(chunk) is None else {"bytes": answer(chunk)}))
+    return table
 
 
 RING_BYTES = Spec(
     id="ring_allreduce_bytes",
-    reference_name="2 * (K - 1) * (n_params // K) * itemsize",
+    reference_name="2 * (K - 1) * ceil(n_params / K) * itemsize",
     arg_names=("n_params", "itemsize", "K"),
     out_names=("bytes",),
     kinds=("int",),
     reference=ring_bytes_reference,
     cases=_ring_cases,
     seed=1302,
-    summary="the book model on 2 and 64 ranks, a model of billions, odd K, K = 1",
+    summary="the book model on 2 and 64 ranks, a model of billions, odd K, K = 1, and two "
+            "n_params that K does not divide",
     single=True,
     mistakes=_ring_mistakes,
 )
