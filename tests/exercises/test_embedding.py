@@ -32,6 +32,12 @@ def emb(x, dh, V, *, mode="add", dtype=None):
     elif mode == "loop":
         for n, v in enumerate(flat):
             dwte[v] += rows[n]
+    elif mode == "loop-first-wins":  # an overwrite in the other order: the first stays
+        for n in range(len(flat) - 1, -1, -1):
+            dwte[flat[n]] = rows[n]
+    elif mode.startswith("sequence"):  # one sequence of the batch only
+        b = int(mode.split()[-1]) % x.shape[0]
+        np.add.at(dwte, x[b], dh[b])
     return dwte
 
 
@@ -87,6 +93,15 @@ MUTANTS = [
     ("embedding_backward", kw(emb, mode="buffered"), ["repeated tokens overwrite instead of "
                                                        "accumulate"]),
     ("embedding_backward", kw(emb, mode="mean"), ["averaged instead of summed"]),
+    ("embedding_backward", kw(emb, mode="loop-first-wins"),
+     ["repeated tokens overwrite instead of accumulate"]),
+    # one sequence only: its rows are single gradients of their tokens, not an overwrite
+    ("embedding_backward", kw(emb, mode="sequence 0"), ["only the tokens of the first sequence",
+                                                        "every sequence"], ["overwrite"]),
+    ("embedding_backward", kw(emb, mode="sequence 1"), ["only the tokens of sequence 1"],
+     ["overwrite"]),
+    ("embedding_backward", kw(emb, mode="sequence -1"), ["re:only the tokens of sequence \\d"],
+     ["overwrite"]),
     ("embedding_backward", kw(emb, dtype=np.float64), ["float32", "dwte has dtype float64, "
                                                         "expected float32", "dtype=dh.dtype"]),
     ("embedding_backward", lambda x, dh, V: dh.reshape(-1, dh.shape[-1]).copy(),
@@ -99,6 +114,8 @@ MUTANTS = [
     ("tied_wte_grad", kw(tied, mode="assign"), ["repeated tokens overwrite instead of "
                                                  "accumulate"]),
     ("tied_wte_grad", kw(tied, transposed=True), ["raised ValueError", "transpose"]),
+    ("tied_wte_grad", kw(tied, mode="sequence 0"), ["only the tokens of the first sequence"],
+     ["overwrite"]),
     ("tied_wte_grad", kw(tied, transposed=True, scatter=False),
      [r"re:dwte has shape \((\d+), (\d+)\), expected \(\2, \1\): transposed"]),
     ("position_embedding_backward", kw(pos, reduce="mean"), ["dwpe is averaged over the B",

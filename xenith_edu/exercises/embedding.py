@@ -58,34 +58,64 @@ def _embedding_cases(rng: np.random.Generator) -> list[Case]:
     return cases + magnitudes(rng, cases[0], 1, "dh")
 
 
+def _scatter(x: np.ndarray, dh: np.ndarray, V: int) -> np.ndarray:
+    """(V, d) float64: the sum of dh's rows per token of x, the scatter-add."""
+    out = np.zeros((V, dh.shape[-1]))
+    np.add.at(out, x.reshape(-1), dh.reshape(-1, dh.shape[-1]))
+    return out
+
+
+def _one_sequence(x: np.ndarray, dh: np.ndarray, V: int, part: np.ndarray,
+                  tol: float) -> int | None:
+    """The sequence b whose scatter alone is the learner's scatter part, if one is."""
+    if x.ndim < 2 or x.shape[0] < 2:
+        return None
+    return next((b for b in range(x.shape[0]) if close(part, _scatter(x[b], dh[b], V), tol)),
+                None)
+
+
+def _overwritten(x: np.ndarray, dh: np.ndarray, part: np.ndarray, rows: np.ndarray,
+                 tol: float) -> bool:
+    """Whether each of `rows` holds one gradient of its token, all picked in one order (the
+    last occurrence, as an assignment dwte[x] = dh keeps, or all the first)."""
+    flat_x, flat = x.reshape(-1), dh.reshape(-1, dh.shape[-1])
+    for pick in (-1, 0):
+        at = [np.nonzero(flat_x == v)[0][pick] for v in rows]
+        if all(close(part[v], flat[n], tol) for v, n in zip(rows, at, strict=True)):
+            return True
+    return False
+
+
 def repeats_diagnose(x: np.ndarray, dh: np.ndarray, V: int, got: np.ndarray, exp: np.ndarray,
                      tol: float, name: str) -> list[str]:
-    """Wrong only on the rows of tokens that occur more than once: the scatter doesn't add."""
+    """Wrong only on the rows of tokens that occur more than once: the scatter doesn't add; or
+    a scatter of one sequence of the batch only."""
     counts = np.bincount(x.reshape(-1), minlength=V)  # (V,)
-    d = exp.shape[-1]
     scale = max(float(np.max(np.abs(exp))), 1e-300)
     bad_rows = np.nonzero(np.max(np.abs(got - exp), axis=-1) > tol * scale)[0]
     if bad_rows.size == 0:
         return []
+    part = got - (exp - _scatter(x, dh, V))  # the learner's scatter-add part, (V, d)
+    b = _one_sequence(x, dh, V, part, tol)
+    if b is not None:
+        which = "the first sequence (x[0])" if b == 0 else f"sequence {b} of the batch"
+        return [f"{name} scatters only the tokens of {which}: the table is shared by the "
+                f"{x.shape[0]} sequences, so every position of every sequence adds its "
+                "gradient (flatten the batch: x.reshape(-1), dh.reshape(-1, d))."]
     if np.all(counts[bad_rows] == 0):
         return [f"{name} has non-zero rows for tokens that never occur: start from np.zeros, "
                 "not np.empty."]
-    if np.all(counts[bad_rows] > 1):
-        v = int(bad_rows[np.argmax(counts[bad_rows])])
-        flat = dh.reshape(-1, d)
-        scatter = np.zeros_like(exp)
-        np.add.at(scatter, x.reshape(-1), flat)
-        rows = got[v] - (exp[v] - scatter[v])  # the learner's scatter part of row v
-        if close(rows, scatter[v] / counts[v], tol):
-            return [f"repeated tokens are averaged instead of summed: token {v} occurs "
-                    f"{counts[v]} times and its row is the sum of all {counts[v]} gradients."]
-        flat_x = x.reshape(-1)
-        if not any(close(rows, flat[n], tol) for n in np.nonzero(flat_x == v)[0]):
-            return []  # the row is not one of the token's gradients: no overwrite
-        return [f"repeated tokens overwrite instead of accumulate: token {v} occurs "
-                f"{counts[v]} times and its row must sum all {counts[v]} gradients "
-                "(np.add.at(dwte, x, dh); dwte[x] = dh and dwte[x] += dh keep only one)."]
-    return []
+    if not np.all(counts[bad_rows] > 1):
+        return []
+    v = int(bad_rows[np.argmax(counts[bad_rows])])
+    if close(part[v], _scatter(x, dh, V)[v] / counts[v], tol):
+        return [f"repeated tokens are averaged instead of summed: token {v} occurs "
+                f"{counts[v]} times and its row is the sum of all {counts[v]} gradients."]
+    if not _overwritten(x, dh, part, bad_rows, tol):
+        return []  # the rows are not single gradients picked as an assignment does
+    return [f"repeated tokens overwrite instead of accumulate: token {v} occurs "
+            f"{counts[v]} times and its row must sum all {counts[v]} gradients "
+            "(np.add.at(dwte, x, dh); dwte[x] = dh and dwte[x] += dh keep only one)."]
 
 
 def _embedding_diagnose(args: tuple, exp: dict, got: dict, wrong: set, tol: float) -> list[str]:
