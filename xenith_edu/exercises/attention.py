@@ -203,17 +203,17 @@ def gqa_backward64(dout, q, k, v, group: str = "repeat", reduce: str = "sum",
     Query head h reads kv head h // (H // Hkv) (consecutive query heads share, as LLaMA's
     repeat_kv); the shared heads' gradients sum over the query heads that read them.
     """
-    H, G = q.shape[1], k.shape[1]  # G = Hkv
-    r = H // G
-    expand = (lambda a: np.repeat(a, r, axis=1)) if group == "repeat" else (
-        lambda a: np.tile(a, (1, r, 1, 1)))
+    H, Hkv = q.shape[1], k.shape[1]
+    G = H // Hkv  # the group: query heads per key/value head
+    expand = (lambda a: np.repeat(a, G, axis=1)) if group == "repeat" else (
+        lambda a: np.tile(a, (1, G, 1, 1)))
     ke, ve = expand(k), expand(v)  # (B, H, S, hd)
     full = _attention_with(causal_probs(q, ke, masked), dout, q, ke, ve)
     B, _, S, hd = k.shape
 
     def fold(d: np.ndarray) -> np.ndarray:  # (B, H, S, hd) -> (B, Hkv, S, hd)
-        d = d.reshape(B, G, r, S, hd) if group == "repeat" else \
-            np.swapaxes(d.reshape(B, r, G, S, hd), 1, 2)
+        d = d.reshape(B, Hkv, G, S, hd) if group == "repeat" else \
+            np.swapaxes(d.reshape(B, G, Hkv, S, hd), 1, 2)
         return {"sum": d.sum(axis=2), "mean": d.mean(axis=2), "first": d[:, :, 0]}[reduce]
 
     return {"dq": full["dq"], "dk": fold(full["dk"]), "dv": fold(full["dv"])}
@@ -236,19 +236,19 @@ def _gqa_cases(rng: np.random.Generator) -> list[Case]:
              (f"S=hd={sq} (square), ", 1, 2, 2, sq, np.float64, sq),
              ("S above hd, ", 2, 1, 2, ints(9, 11), np.float64, 2)]
     cases = []
-    for what, B, G, r, S, dtype, hd in plans:
-        H = G * r
+    for what, B, Hkv, G, S, dtype, hd in plans:
+        H = Hkv * G
         q = randn(rng, (B, H, S, hd), dtype)  # (B, H, S, hd)
-        k, v = (randn(rng, (B, G, S, hd), dtype) for _ in range(2))  # (B, Hkv, S, hd)
+        k, v = (randn(rng, (B, Hkv, S, hd), dtype) for _ in range(2))  # (B, Hkv, S, hd)
         dout = randn(rng, (B, H, S, hd), dtype)  # (B, H, S, hd)
-        cases.append(Case(f"{np.dtype(dtype).name}, {what}B={B}, H={H} query heads, Hkv={G} kv "
+        cases.append(Case(f"{np.dtype(dtype).name}, {what}B={B}, H={H} query heads, Hkv={Hkv} kv "
                           f"heads, S={S}, hd={hd}", (dout, q, k, v)))
     return cases + magnitudes(rng, cases[0], 0, "dout")
 
 
 def _gqa_mistakes(args: tuple, exp: dict) -> list[Mistake]:
     dout, q, k, v = args
-    r = q.shape[1] // k.shape[1]
+    G = q.shape[1] // k.shape[1]
 
     def kv(**kw) -> dict:
         out = gqa_backward64(dout, q, k, v, **kw)
@@ -256,9 +256,9 @@ def _gqa_mistakes(args: tuple, exp: dict) -> list[Mistake]:
 
     return [
         ("dk and dv keep only one query head's gradient: each kv head is read by "
-         f"H // Hkv = {r} query heads, so its gradient sums over all of them.",
+         f"H // Hkv = {G} query heads, so its gradient sums over all of them.",
          lambda: kv(reduce="first")),
-        (f"dk and dv are averaged over the {r} query heads that share a kv head: a variable "
+        (f"dk and dv are averaged over the {G} query heads that share a kv head: a variable "
          "used several times gets the sum of its gradients.", lambda: kv(reduce="mean")),
         ("the query heads are grouped the wrong way: query head h reads kv head h // (H // Hkv) "
          "(consecutive heads share, np.repeat), not h % Hkv (np.tile).",
