@@ -239,6 +239,8 @@ MUTANTS = [
     ("alibi_slopes_grad", kw(alibi, scale=True), ["1/sqrt(hd) is applied"]),
     ("alibi_slopes_grad", kw(alibi, bias_in=False), ["recomputed without the bias"]),
     ("alibi_slopes_grad", kw(alibi, heads="all"), ["summed together"]),
+    ("alibi_slopes_grad", lambda dout, q, k, v, m: -alibi(dout, q, k, v, -m),
+     ["enters the scores as +m_h (i - j)"], ["sign flipped"]),
     ("alibi_slopes_grad", kw(alibi, cast=np.float64), ["dtype float64, expected float32"]),
     ("alibi_slopes_grad", lambda dout, q, k, v, m: alibi(dout, q, k, v, m)[None].repeat(2, 0),
      ["dslopes has shape", "(H,)"]),

@@ -15,6 +15,7 @@ from ..softmax_ce import softmax_cross_entropy
 from .engine import check
 from .fit import Term, term
 from .kit import amax, int_sampler, log_uniform, magnitudes, randn, rms_parts, softmax64
+from .rmsnorm import layernorm_backward64
 from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: N positions, V vocab, M the positions that count (target != ignore_index);
@@ -153,6 +154,22 @@ def _qk_parts(dy: np.ndarray, u: np.ndarray, w: np.ndarray, eps: float) -> tuple
     return xhat, rstd, _heads(dy, hd) * w
 
 
+def _centred(dy: np.ndarray, u: np.ndarray, w: np.ndarray, eps: float) -> dict:
+    """LayerNorm per head, the mean subtracted first: a mistake's answer."""
+    hd = w.shape[0]
+    out = layernorm_backward64(_heads(dy, hd), _heads(u, hd), w, 0.0, eps)
+    return {"du": out["dx"].reshape(u.shape), "dw": out["dw"].sum(axis=0)}
+
+
+def _over_positions(dy: np.ndarray, u: np.ndarray, w: np.ndarray, eps: float) -> dict:
+    """rstd from the mean of u**2 over the positions, not the head: a mistake's answer."""
+    hd = w.shape[0]
+    xp, rp = rms_parts(_heads(u, hd), eps, axis=0)  # (N, H, hd), (1, H, hd)
+    gp = _heads(dy, hd) * w
+    dp = rp * (gp - xp * np.mean(gp * xp, axis=-1, keepdims=True))  # (N, H, hd)
+    return {"du": dp.reshape(u.shape), "dw": np.sum(_heads(dy, hd) * xp, axis=(0, 1))}
+
+
 def _qk_mistakes(args: tuple, exp: dict) -> list[Mistake]:
     dy, u, w, eps = args
     N, width = u.shape
@@ -177,6 +194,11 @@ def _qk_mistakes(args: tuple, exp: dict) -> list[Mistake]:
         return {"du": ds.swapaxes(1, 2).reshape(N, width), "dw": np.sum(t(dy) * xs, axis=(0, 1))}
 
     return [
+        ("the mean is subtracted first, as LayerNorm does: QK-norm is an RMSNorm, rstd = 1 / "
+         "sqrt(mean(u_head**2) + eps) with no centring, so dx has no -mean(g) term.",
+         lambda: _centred(dy, u, w, eps)),
+        ("the mean of u**2 runs over the positions (axis 0), not over each head's hd numbers "
+         "(the last axis of the (N, H, hd) view).", lambda: _over_positions(dy, u, w, eps)),
         (f"the whole row of H*hd = {width} numbers is normalised as one: QK-norm is an RMSNorm "
          f"of each head's hd = {hd} numbers on its own (reshape to (N, H, hd) first).",
          whole_row),
@@ -249,7 +271,8 @@ QK_NORM = Spec(
                        f"hd = {a[2].shape[0]}": float(a[2].shape[0])},
     floor=_qk_floor,
     shape_hints={"dw": "The gain is (hd,), one entry per coordinate of a head, shared by every "
-                       "head and every position: sum dy * xhat over both."},
+                       "head and every position: sum dy * xhat over both.",
+                 "du": "du has u's shape, (N, H*hd): reshape the (N, H, hd) heads back."},
     hints=("A row of q is H heads side by side, each normalised on its own with one gain w "
            "(hd,): which chapter's backward is each head's, and what does a gain used by H "
            "heads and N positions get back?",

@@ -332,6 +332,9 @@ def _alibi_mistakes(args: tuple, exp: dict) -> list[Mistake]:
         ("the slopes are ALiBi's fixed 2**(-8 (h+1) / H), not the argument `slopes`: they are "
          "learned, read them.",
          lambda: {"dslopes": through(_alibi_parts(args, slopes=geometric)["dZ"])}),
+        ("the bias enters the scores as +m_h (i - j): ALiBi's bias is a penalty, -m_h (i - j), "
+         "so that a distant key gets a lower score.",
+         lambda: {"dslopes": -through(_alibi_parts(args, slopes=-m)["dZ"])}),
         ("the heads' gradients are summed together: each head has its own slope, so dm_h sums "
          "over the batch and the (i, j) entries of head h only.",
          lambda: {"dslopes": np.full(H, through(dZ).sum())}),
