@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 PAGES = sorted((ROOT / "book").glob("*.md"))
 CAPTION = re.compile(r"^\*\*Figure (\d+)\.\*\*\s+\S")
-IMAGE = re.compile(r"!\[[^\]]*\]\([^)]+\)")
+IMAGE = re.compile(r"!\[[^\]]*\]\([^)]+\)|<img\b", re.IGNORECASE)
 
 
 def _has_image(cell: dict) -> bool:
@@ -113,5 +113,6 @@ def test_the_finder_finds_what_it_must() -> None:
     assert page_problems("```{figure} a.png\n:name: f\n```\n")  # a directive, no caption
     assert page_problems("```{figure} a.png\n:name: f\n\nThe caption.\n```\n") == []
     assert page_problems("text\n![a](b.png)\n\nmore\n")
+    assert page_problems('<img src="b.png" alt="a">\n')  # an HTML image
     assert page_problems("![a](b.png)\n\n**Figure 1.** The caption.\n") == []
     assert page_problems("```text\n![a](b.png)\n```\n") == []  # an example, not a figure
