@@ -15,8 +15,6 @@ from hypothesis import strategies as st
 import xenith_edu.exercises as ex
 from xenith_edu.exercises.parallel import ring_bytes_reference
 
-from .helpers import assert_rejected
-
 # Shape legend: n numbers in a buffer, K ranks; chunks[r][c] is rank r's copy of chunk c.
 
 
@@ -60,8 +58,10 @@ def test_the_cases_reach_sizes_that_k_does_not_divide() -> None:
 
 @pytest.mark.parametrize("seed", [None, 5, 6])
 def test_chunks_rounded_down_are_named(seed) -> None:
+    spec = ex.SPECS["ring_allreduce_bytes"]
     rng = None if seed is None else np.random.default_rng(seed)
-    assert_rejected("ring_allreduce_bytes", lambda n, i, K: 2 * (K - 1) * (n // K) * i,
-                    ["rounded down", "ceil(n_params / K)"], rng=rng)
-    assert_rejected("ring_allreduce_bytes", lambda n, i, K: 2 * (K - 1) * n * i // K,
-                    ["exact share", "ceil(n_params / K)"], rng=rng)
+    for wrong, words in ((lambda n, i, K: 2 * (K - 1) * (n // K) * i, "rounded down"),
+                         (lambda n, i, K: 2 * (K - 1) * n * i // K, "exact share")):
+        result = ex.check(spec, wrong, rng)
+        assert not result.passed and result.status == "failed", result.message
+        assert words in result.message and "ceil(n_params / K)" in result.message, result.message
