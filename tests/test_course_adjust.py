@@ -230,7 +230,8 @@ def test_the_files_mark_overrides_and_itemize_the_deduction(tmp_path):
     assert totals[0]["overrides"] == "b: 1" and totals[1]["extended deadline"].startswith(
         "2026-11-22")
     page = (tmp_path / "fb" / "alice.html").read_text(encoding="utf-8")
-    assert "Points earned 11, late deduction &minus;2.8" in page and "total 8.2" in page
+    assert "Points earned 11, late deduction &minus;2.8 (20% of the points possible, capped " \
+        "at the points earned), total 8.2." in page
     assert "override" in page and "[override] partly right" in page
     assert "extended to 2026-11-22" in (tmp_path / "fb" / "bob.html").read_text()
     for name, column in (("canvas", "Notes"), ("moodle", "Feedback")):

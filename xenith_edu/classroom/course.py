@@ -284,7 +284,7 @@ def totals(people: list[Learner], rows: list[dict], parts: list[Part], pol: Poli
                 "late": _mark(mark, pol), "total": num(total), "maximum": num(maximum),
                 "percent": f"{100 * total / maximum:.1f}" if maximum else "0.0"}
         line.update({ch: num(v) for ch, v in subs.items()})
-        line.update(_adjusted(p, pol, sum(raw[p.id].values()), sum(cut.values())))
+        line.update(_adjusted(p, pol, sum(raw[p.id].values()), (fraction, sum(cut.values()))))
         out.append(line)
     return out
 
@@ -296,12 +296,15 @@ def columns(pol: Policy) -> list[str]:
                               (OVERRIDES, bool(pol.overrides))) if used]
 
 
-def _adjusted(p: Learner, pol: Policy, earned: float, cut: float) -> dict[str, str]:
-    """A totals line's optional columns, and the points earned before the deduction (which
-    the feedback page itemizes; not a column)."""
+def _adjusted(p: Learner, pol: Policy, earned: float, late: tuple[float, float]
+              ) -> dict[str, str]:
+    """A totals line's optional columns, and the points earned and the rule (which the
+    feedback page itemizes; not columns). `late`: (the fraction lost, the deduction)."""
     due = pol.extensions.get(p.id)
     mine = {item: o for (who, item), o in pol.overrides.items() if who == p.id}
-    line = {"earned": num(earned), "rule": lateness.RULE_WORDS[pol.rule]}
+    fraction, cut = late
+    line = {"earned": num(earned),
+            "rule": f"{num(100 * fraction)}% {lateness.RULE_WORDS[pol.rule]}"}
     if pol.late.deadline is not None:
         line[DEDUCTION] = num(cut)
     if pol.extensions:
