@@ -219,3 +219,34 @@ def test_a_check_digest_changes_with_the_package_version(monkeypatch):
     first = regrade.check_digest(spec, 5)
     monkeypatch.setattr(xenith_edu, "__version__", "9.9.9")
     assert regrade.check_digest(spec, 5) != first
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), sizes=st.lists(st.integers(1, 3), min_size=1, max_size=3))
+def test_merged_rows_are_a_whole_runs_order_or_none(data, sizes):
+    """Generated teachers and changed sets: the merge takes the changed exercises' rows from
+    the partial run, the others from the journal, in the teacher's order, and the partial
+    run's own trailing rows; any row out of place (a submission over a limit, one row for the
+    whole notebook) gives None: grade it whole."""
+    from xenith_edu.classroom.roster import Exercise
+
+    teacher = [(f"nb{i}.ipynb", [Exercise(f"e{i}_{j}", f"f{j}") for j in range(n)])
+               for i, n in enumerate(sizes)]
+    keys = [(f"{nb}/{ex.id}", ex.id) for nb, exs in teacher for ex in exs]
+    changed = set(data.draw(st.lists(st.sampled_from([k for k, _ in keys]), min_size=1,
+                                     unique=True)))
+    old = [("l", "nb", ex, "passed", "old", "") for _, ex in keys]
+    tail = data.draw(st.lists(st.just(("l", "", "", "unreadable file", "tail", "")), max_size=1))
+    new = [("l", "nb", ex, "failed", "new", "") for k, ex in keys if k in changed] + tail
+    merged = regrade.merge(old, new, teacher, changed)
+    assert [r.exercise for r in merged[:len(keys)]] == [ex for _, ex in keys]
+    assert [r.message for r in merged[:len(keys)]] == \
+        ["new" if k in changed else "old" for k, _ in keys]
+    assert [tuple(r) for r in merged[len(keys):]] == tail
+    broken = data.draw(st.sampled_from(["old", "new"]))
+    cut = [("l", "", "", "over the limit", "whole", "")]
+    assert regrade.merge(cut if broken == "old" else old, new if broken == "old" else cut,
+                         teacher, changed) is None
+    assert regrade.only(teacher, changed) == [
+        (nb, [ex for ex in exs if f"{nb}/{ex.id}" in changed]) for nb, exs in teacher
+        if any(f"{nb}/{ex.id}" in changed for ex in exs)]

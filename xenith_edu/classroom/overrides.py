@@ -62,8 +62,10 @@ def _points(text: str, most: float, where: str) -> float:
 
 def message(override: Override, status: str, message: str) -> str:
     """An overridden row's message: the mark, the teacher's comment, what the check said."""
-    said = f"the check said {status}" + (f": {message}" if message else "")
-    return f"{MARK} {override.comment + '; ' if override.comment else ''}{said}"
+    said = [f"the check said {status}" + (f": {message}" if message else "")] \
+        if message or status != "graded" else []  # graded: a row only the override made
+    return " ".join([MARK, "; ".join([override.comment] * bool(override.comment) + said)]
+                    ).rstrip()
 
 
 def summary(mine: dict[str, Override]) -> str:

@@ -124,8 +124,8 @@ def what_changed(record: dict | None, key: str, journal, now: dict[str, str]
     """The checks of a learner kept in `journal` that changed since (empty: keep it); None
     when the learner is graded whole (new, changed, named by --regrade, an older record)."""
     if record is None:
-        if key in journal.regrade:
-            journal.tally.add("named")
+        if key in journal.regrade or journal.resumed:
+            journal.tally.add("named" if key in journal.regrade else "new")
         return None
     changed = stale(record, now)
     journal.tally.add("kept" if changed == set() else
@@ -153,7 +153,7 @@ class Tally:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.counts = {"named": 0, "changed": 0, "undigested": 0, "kept": 0}
+        self.counts = {"named": 0, "changed": 0, "undigested": 0, "new": 0, "kept": 0}
         self.exercises: set[str] = set()
 
     def add(self, why: str, changed: set[str] = frozenset()) -> None:
@@ -168,6 +168,8 @@ class Tally:
         if c["changed"]:
             parts.append(f"{c['changed']} learner(s) re-graded for the check(s) that changed "
                          f"since the journal ({', '.join(sorted(self.exercises))})")
+        if c["new"]:
+            parts.append(f"{c['new']} new or changed submission(s) graded")
         if c["undigested"]:
             parts.append(f"{c['undigested']} learner(s) graded again whole: their journal "
                          "records have no check digests (an older grader)")
