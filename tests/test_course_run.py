@@ -115,3 +115,32 @@ def test_statistics_exports_and_gradescope_were_made(course):
     results = json.loads(course["gradescope"])
     assert results["score"] == 2.0  # the fixed learner's notebook, graded as Gradescope runs it
     assert set(course["seconds"]) >= {"grade", "regrade", "statistics", "Gradescope archive"}
+
+
+def test_after_a_fixed_check_resume_regrades_its_rows_alone_in_the_real_sandbox(course,
+                                                                                 monkeypatch):
+    """Last (it grades the course again): one check's digest changed, `--resume` asks each
+    learner's sandbox for that exercise alone, and the merged rows are the whole run's, byte
+    for byte (the same notebooks, the same cases)."""
+    from xenith_edu.classroom import grading, regrade
+
+    r = course["root"]
+    before = (r / "out" / "grades.csv").read_text(encoding="utf-8")
+    asked, real, digest = [], grading.grade_learner, regrade.check_digest
+
+    def recorded(learner, source, teacher, *rest):
+        asked.append((learner, [ex.id for _, exs in teacher for ex in exs]))
+        return real(learner, source, teacher, *rest)
+
+    monkeypatch.setattr(grading, "grade_learner", recorded)
+    monkeypatch.setattr(regrade, "check_digest", lambda spec, seed: digest(spec, seed) + (
+        "fixed" if spec.id == "label_smoothing" else ""))
+    code, said = course_40.command(
+        "grade", str(course["subs"]), "--out", str(course["csv"]), "--resume",
+        *course_40.course_args(course), "--overrides", str(r / "overrides.csv"),
+        "--extensions", str(r / "extensions.csv"))
+    assert code == 0, said
+    assert sorted(asked) == [(n, ["label_smoothing"]) for n in sorted(course["kinds"])]
+    assert f"{LEARNERS} learner(s) re-graded for the check(s) that changed since the journal " \
+        "(softmax_ce.ipynb/label_smoothing); 0 kept" in said
+    assert (r / "out" / "grades.csv").read_text(encoding="utf-8") == before
