@@ -35,11 +35,13 @@ class Stand:
     """The sandbox's stand-in: records who was graded on what; each row names its run."""
 
     def __init__(self) -> None:
-        self.gen, self.calls = 0, []
+        self.gen, self.calls, self.stop_at = 0, [], None
 
     def __call__(self, learner, source, teacher, options, slot, fonts):
         asked = [ex.id for _, exercises in teacher for ex in exercises]
         self.calls.append((learner, asked))
+        if self.stop_at is not None and len(self.calls) > self.stop_at:
+            raise KeyboardInterrupt  # the teacher's Ctrl-C, at a generated point
         return [Found(nb, ex.id, Row.PASSED if self.gen % 2 == 0 else Row.FAILED,
                       f"run {self.gen}", "") for nb, exercises in teacher for ex in exercises], \
             {f"{nb}/{ex.id}": self.gen for nb, exercises in teacher for ex in exercises}
@@ -250,3 +252,32 @@ def test_merged_rows_are_a_whole_runs_order_or_none(data, sizes):
     assert regrade.only(teacher, changed) == [
         (nb, [ex for ex in exs if f"{nb}/{ex.id}" in changed]) for nb, exs in teacher
         if any(f"{nb}/{ex.id}" in changed for ex in exs)]
+
+
+@QUICK
+@given(data=st.data(), names=LEARNERS)
+def test_a_regrade_interrupted_anywhere_then_resumed_ends_as_one_uninterrupted(
+        stand, data, names, monkeypatch):
+    """Ctrl-C at a generated point of a resume after a fixed check: the journal keeps what
+    was merged; the next resume finishes the rest and the CSV is the uninterrupted run's."""
+    changed = data.draw(st.sampled_from(EXERCISES))
+    stop = data.draw(st.integers(0, len(names) - 1))
+    digest = regrade.check_digest
+    stand.gen, stand.stop_at = 0, None
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = make_class(Path(tmp), names)
+        run(paths)
+        before = lines_of(paths["csv"])
+        monkeypatch.setattr(regrade, "check_digest", lambda spec, seed: digest(spec, seed) +
+                            ("x" if spec.id == changed else ""))
+        stand.gen, stand.calls, stand.stop_at = 1, [], stop
+        with pytest.raises(KeyboardInterrupt):
+            run(paths, resume=True)
+        stand.calls, stand.stop_at = [], None
+        run(paths, resume=True)
+        after = lines_of(paths["csv"])
+        monkeypatch.setattr(regrade, "check_digest", digest)
+    assert all(asked == [changed] for _, asked in stand.calls)
+    for name in names:
+        for old, new in zip(before[name], after[name], strict=True):
+            assert (old == new) == (old.split(",")[2] != changed)
