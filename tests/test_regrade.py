@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -210,8 +211,53 @@ def test_a_check_digest_changes_with_its_code_its_settings_its_seed(exercise):
         fixed = dataclasses.replace(spec, **{name: _other(getattr(spec, name))})
         assert regrade.check_digest(fixed, 5) != first, name
     assert regrade.check_digest(dataclasses.replace(spec, tol=0.123), 5) != first
-    others = {e: regrade.check_digest(SPECS[e], 5) for e in SPECS}
-    assert list(others.values()).count(first) == 1  # no two checks share a digest
+
+
+def test_no_two_checks_share_a_digest():
+    digests = [regrade.check_digest(spec, 5) for spec in SPECS.values()]
+    assert len(set(digests)) == len(digests)
+
+
+@pytest.mark.parametrize("exercise", sorted(SPECS))
+def test_a_fix_in_a_function_the_check_calls_changes_its_digest(exercise, monkeypatch):
+    """Every function of the package the cases and the reference reach, replaced in turn (a
+    fix in a shared function, or in the component itself), changes the check's digest; the
+    same replacement in a module the check never reaches does not."""
+    spec = SPECS[exercise]
+    first = regrade.check_digest(spec, 5)
+    reached: dict[str, str] = {}
+    for name in ("cases", "reference"):
+        regrade._traced(getattr(spec, name), reached)
+    import importlib
+
+    tried = 0
+    for key in sorted(reached):
+        if tried == 3:
+            break  # three functions of each check: the suite stays fast
+        module, _, name = key.rpartition(".")
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue  # a nested function: its source is its parent's
+        fn = getattr(mod, name, None)
+        if not callable(fn) or isinstance(fn, type) or getattr(fn, "__code__", None) is None \
+                or any(fn is getattr(spec, c) for c in regrade.CODE):
+            continue  # a class, or the spec's own function (the test above replaces those)
+        fixed = _other(fn)
+        with monkeypatch.context() as m:  # the fix, seen by every module that imported it
+            for holder in [v for k, v in list(sys.modules.items()) if k.startswith("xenith_edu")]:
+                if vars(holder).get(name) is fn:
+                    m.setattr(holder, name, fixed)
+            assert regrade.check_digest(spec, 5) != first, key
+        tried += 1
+    if not tried:
+        pytest.skip("this check calls no other function of the package")
+    assert regrade.check_digest(spec, 5) == first
+    import xenith_edu.training.optim as unrelated
+
+    with monkeypatch.context() as m:
+        m.setattr(unrelated, "global_norm", _other(unrelated.global_norm))
+        assert regrade.check_digest(spec, 5) == first
 
 
 def test_a_check_digest_changes_with_the_package_version(monkeypatch):

@@ -3,8 +3,10 @@ record, so that after a fix `--resume` re-grades exactly the rows of the checks 
 and `--regrade NAMES`, the named learners graded again and the rest kept.
 
 A check's digest is a hash of its catalogue entry (the source of the reference, the cases and
-the diagnosis; the settings), the package's version and the exercise's case seed. A record
-without digests (an older grader's) is graded again whole, and the run says so.
+the diagnosis, and of every function and class of the package they call, traced through their
+code, so that a fix in a shared function or the component itself counts; the settings), the
+package's version and the exercise's case seed. A record without digests (an older grader's)
+is graded again whole, and the run says so.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .statuses import GradeRow
 # the Spec's functions whose source is the check (what a fix changes), and its settings
 CODE = ("reference", "cases", "probes", "mistakes", "diagnose", "factors", "probe_hint",
         "floor", "terms")
+PACKAGE = "xenith_edu"
 SETTINGS = ("id", "arg_names", "out_names", "kinds", "single", "tol", "per_layer", "may_call",
             "seed")
 
@@ -38,6 +41,56 @@ def _source(fn: object) -> str:
         return f"{getattr(fn, '__qualname__', repr(fn))}:{code.co_code.hex() if code else ''}"
 
 
+def _ours(obj: object) -> bool:
+    """A function or class of the package (what a fix of a check can change)."""
+    return (inspect.isfunction(obj) or inspect.isclass(obj)) and \
+        str(getattr(obj, "__module__", "")).split(".")[0] == PACKAGE
+
+
+def _names(code) -> set[str]:
+    """The global and attribute names a code object uses, its nested functions' included."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names |= _names(const)
+    return names
+
+
+def _called(fn: object) -> list[object]:
+    """The package's functions and classes `fn` uses: its globals, the attributes of the
+    package's modules it names, and the functions its closure holds."""
+    code, found = getattr(fn, "__code__", None), []
+    if code is None:
+        return found
+    names, known = sorted(_names(code)), getattr(fn, "__globals__", {})
+    for name in names:
+        obj = known.get(name)
+        if inspect.ismodule(obj) and obj.__name__.split(".")[0] == PACKAGE:
+            found += [getattr(obj, m) for m in names if _ours(getattr(obj, m, None))]
+        elif _ours(obj):
+            found.append(obj)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            found += [cell.cell_contents] if _ours(cell.cell_contents) else []
+        except ValueError:  # an empty cell
+            continue
+    return found
+
+
+def _traced(fn: object, seen: dict[str, str]) -> None:
+    """The sources of `fn` and of everything of the package it uses, into `seen`."""
+    fn = getattr(fn, "func", fn)
+    if fn is None:
+        return
+    key = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+    if key in seen:
+        return
+    seen[key] = _source(fn)
+    if inspect.isfunction(fn):
+        for obj in _called(fn):
+            _traced(obj, seen)
+
+
 def check_digest(spec: object, case_seed: int) -> str:
     """The digest of one exercise's check as a class is graded with it."""
     from .. import __version__  # the package's, imported when a check is digested
@@ -45,7 +98,9 @@ def check_digest(spec: object, case_seed: int) -> str:
     h = hashlib.sha256(json.dumps([__version__, case_seed, [repr(getattr(spec, k, None))
                                                              for k in SETTINGS]]).encode())
     for name in CODE:
-        h.update(b"\0" + name.encode() + b"\0" + _source(getattr(spec, name, None)).encode())
+        seen: dict[str, str] = {}
+        _traced(getattr(spec, name, None), seen)
+        h.update(b"\0" + name.encode() + b"\0" + json.dumps(sorted(seen.items())).encode())
     return h.hexdigest()[:24]
 
 
