@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xenith_edu.classroom import course, late
+from xenith_edu.classroom import course, inputs, late
 from xenith_edu.classroom.inputs import LatePolicy, Person
 from xenith_edu.classroom.overrides import MARK, Override, read_overrides
 from xenith_edu.classroom.points import Part, Question
@@ -237,3 +237,39 @@ def test_the_files_mark_overrides_and_itemize_the_deduction(tmp_path):
     for name, column in (("canvas", "Notes"), ("moodle", "Feedback")):
         rows = list(csv.DictReader((tmp_path / f"g.{name}.csv").open(encoding="utf-8")))
         assert rows[-2][column] == "override: b: 1" and rows[-1][column] == ""
+
+
+CELLS = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.lists(CELLS, min_size=0, max_size=5), max_size=4),
+       header=st.sampled_from([["id", "extension"], ["learner", "exercise", "points", "comment"],
+                               ["learner", "question", "points"], ["id", "submitted"],
+                               ["id"], []]))
+def test_any_teachers_file_is_read_or_refused_in_one_line(tmp_path, rows, header):
+    """Fuzzed extensions and overrides files (and, through the same gate, the roster, the
+    timestamps and the filled sheet; short rows included): each is read into checked values,
+    or refused with one line naming the file; never another exception."""
+    path = _csv(tmp_path / "f.csv", [header, *rows])
+    ids = {"alice", "bob"}
+    for other in (lambda: inputs.read_roster(path), lambda: inputs.read_timestamps(path, ids),
+                  lambda: inputs.read_filled(path, {"q0": 1.0}, ids)):
+        try:
+            other()
+        except ValueError as e:
+            assert "\n" not in str(e) and str(e).startswith("f.csv")
+    for read in (lambda: late.read_extensions(path, ids, DUE),
+                 lambda: late.read_extensions(path, ids, DUE, roster=True),
+                 lambda: read_overrides(path, {"ex0": 2.0, "q0": 1.0}, ids)):
+        try:
+            got = read()
+        except ValueError as e:
+            assert "\n" not in str(e) and str(e).startswith("f.csv")
+            continue
+        for key, value in got.items():
+            if isinstance(value, datetime):
+                assert key in ids and value >= DUE
+            else:
+                assert key[0] in ids and 0 <= value.points <= {"ex0": 2.0, "q0": 1.0}[key[1]]
