@@ -15,6 +15,7 @@ import dataclasses
 import json
 import sys
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -327,3 +328,30 @@ def test_a_regrade_interrupted_anywhere_then_resumed_ends_as_one_uninterrupted(
     for name in names:
         for old, new in zip(before[name], after[name], strict=True):
             assert (old == new) == (old.split(",")[2] != changed)
+
+
+def test_grade_merge_applies_the_overrides_extensions_and_late_rule_as_one_run(stand, tmp_path):
+    """The course's new options are the merge's too: two shards joined with them give the
+    files one run with them gives, byte for byte."""
+    from test_course import DUE
+
+    from xenith_edu.classroom import grade_merge
+
+    paths = make_class(tmp_path, ["alice", "bob", "carol"])
+    (tmp_path / "o.csv").write_text("learner,exercise,points,comment\nbob,silu_grad,0.5,c\n")
+    (tmp_path / "e.csv").write_text("id,extension\ncarol,3\n")
+    options = {"deadline": (DUE - timedelta(days=400)).isoformat(),  # everyone is late
+               "late_from_mtime": True, "late_penalty": 0.1, "late_rule": "possible",
+               "overrides": tmp_path / "o.csv", "extensions": tmp_path / "e.csv",
+               "export": ("canvas", "moodle")}
+    run(paths, **options)
+    split = tmp_path / "split"
+    split.mkdir()
+    for k in (1, 2):
+        grade(paths["subs"], split / f"p{k}.csv", 20, instructor=paths["inst"], jobs=1, seed=11,
+              shard=f"{k}/2")
+    grade_merge([split / "p1.csv", split / "p2.csv"], split / "grades.csv", **options)
+    for name in ("grades.csv", "grades.totals.csv", "grades.canvas.csv", "grades.moodle.csv"):
+        assert (split / name).read_bytes() == (paths["csv"].parent / name).read_bytes(), name
+    totals = (split / "grades.totals.csv").read_text()
+    assert "silu_grad: 0.5" in totals and "deduction" in totals and "extended deadline" in totals
