@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from . import late as lateness
+from . import overrides as override
 from .exports import csv_text, num, write_exports, write_feedback
 from .inputs import LatePolicy, Person, late_policy, read_filled, read_roster, read_timestamps
 from .names import escape_controls
@@ -30,7 +32,11 @@ SHEET_FIELDS = ("learner", "notebook", "question", "max_points", "prompt", "answ
                 "comment")
 EXPORTS = ("canvas", "moodle")
 OPTIONS = ("roster", "timestamps", "written", "feedback", "export", "deadline", "late_penalty",
-           "late_cutoff", "late_from_mtime")  # the course's options of grade() and grade_merge()
+           "late_cutoff", "late_from_mtime", "late_rule", "extensions", "overrides"
+           )  # the course's options of grade() and grade_merge()
+# the totals' columns that only a course using them has: the late deduction (a deadline), each
+# learner's extended deadline (extensions), the teacher's overrides
+DEDUCTION, EXTENDED, OVERRIDES = "deduction", "extended deadline", "overrides"
 # where a submission's time comes from: the one source the teacher stated
 FROM_TIMESTAMPS, FROM_MTIME = "by the LMS's timestamps", "by the file's modification time"
 
@@ -50,6 +56,16 @@ class Entry:
 
 
 @dataclass
+class Learner:
+    """One line of the totals: a roster's learner, a submission, or both."""
+
+    id: str
+    entry: Entry | None
+    person: Person | None
+    note: str = ""  # "not on the roster", "name shared with another submission"
+
+
+@dataclass
 class Policy:
     """What the teacher decided: the roster, the late policy, the times, the filled sheet."""
 
@@ -60,16 +76,13 @@ class Policy:
     feedback: Path | None = None
     export: tuple[str, ...] = ()
     source: str = ""  # FROM_TIMESTAMPS, FROM_MTIME, or "" (no deadline: nobody is late)
+    rule: str = "earned"  # late.RULES: a day late costs a percentage of which points
+    extensions: dict[str, datetime] = field(default_factory=dict)  # learner -> own deadline
+    overrides: dict = field(default_factory=dict)  # (learner, item) -> overrides.Override
 
-
-@dataclass
-class Learner:
-    """One line of the totals: a roster's learner, a submission, or both."""
-
-    id: str
-    entry: Entry | None
-    person: Person | None
-    note: str = ""  # "not on the roster", "name shared with another submission"
+    def lateness(self, learner: Learner) -> LatePolicy:
+        """The late policy of `learner`: the class's, with their extension if any."""
+        return lateness.for_learner(self.late, self.extensions.get(learner.id))
 
 
 def outputs(out_csv: Path) -> dict[str, Path]:
@@ -127,6 +140,24 @@ def policy(roster: Path | None, late: LatePolicy, timestamps: Path | None,
     return Policy(people, late, times, filled, feedback, tuple(dict.fromkeys(export)))
 
 
+def adjustments(pol: Policy, given: dict, paths: dict, entries: list[Entry],
+                parts: list[Part]) -> None:
+    """The late rule, the extensions (a file, the roster's column) and the overrides, read
+    and checked now, into `pol`: before anything is graded."""
+    ids = set(_ids(entries).values()) | {p.id for p in pol.roster or []}
+    pol.rule = lateness.check_rule(given.get("late_rule"), pol.late)
+    due = pol.late.deadline
+    from_roster = lateness.read_extensions(paths["roster"], ids, due, roster=True) \
+        if paths["roster"] is not None else {}
+    from_file = lateness.read_extensions(paths["extensions"], ids, due) \
+        if paths["extensions"] is not None else {}
+    pol.extensions = lateness.merge_extensions(from_roster, from_file)
+    items = {ex: p for part in parts for ex, p in part.points.items()}
+    items.update({q.id: q.points for part in parts for q in part.questions})
+    if paths["overrides"] is not None:
+        pol.overrides = override.read_overrides(paths["overrides"], items, ids)
+
+
 # ----------------------------------------------------------------------------------------------
 # Rows and totals.
 
@@ -169,15 +200,27 @@ def class_rows(people: list[Learner], base: dict[str, list[tuple]], parts: list[
         else:
             found = [(learner.id, *r[1:]) for r in base[e.key]]
         found += _written_rows(learner, parts, pol.filled)
-        mark = _mark(pol.late.judge(_when(learner, pol))[2], pol)
+        found += _unmatched_overrides(learner.id, found, pol)
+        mark = _mark(lateness.lost(pol.lateness(learner), _when(learner, pol))[1], pol)
         for lid, nb, ex, status, message, mistake in found:
             most = asked[ex] if ex in asked else worth.get(ex)
             got = _got(status, most, pol.filled.get((lid, ex)))
             status = str(getattr(status, "value", status))  # a Status, or a text
+            if (lid, ex) in pol.overrides and most is not None:  # the teacher's word wins
+                got = pol.overrides[(lid, ex)].points
+                message = override.message(pol.overrides[(lid, ex)], status, message)
             out.append(dict(zip(CSV_FIELDS, (lid, nb, ex, status, "" if most is None else
                                             num(got), "" if most is None else num(most),
                                             mark, message, mistake), strict=True)))
     return out
+
+
+def _unmatched_overrides(lid: str, found: list[tuple], pol: Policy) -> list[tuple]:
+    """A row for each override of an item the learner has no row of (a submission that was
+    not graded): the override still counts."""
+    have = {r[2] for r in found}
+    return [(lid, "", item, Row.GRADED, "", "") for (who, item) in pol.overrides
+            if who == lid and item not in have]
 
 
 def _got(status: str, most: float | None, filled: tuple | None) -> float:
@@ -224,23 +267,51 @@ def totals(people: list[Learner], rows: list[dict], parts: list[Part], pol: Poli
     for r in rows:
         if r["points"]:
             raw[r["learner"]][part_of[r["exercise"]]] += float(r["points"])
-    maximum = sum(sum(part.points.values()) + sum(q.points for q in part.questions)
-                  for part in parts)
+    possible = {part.chapter: sum(part.points.values()) + sum(q.points for q in part.questions)
+                for part in parts}
+    maximum = sum(possible.values())
     out = []
     for p in people:
-        days, factor, mark = pol.late.judge(_when(p, pol))
-        mark = _mark(mark, pol)
-        subs = {ch: v * factor for ch, v in raw[p.id].items()}
+        fraction, mark = lateness.lost(pol.lateness(p), _when(p, pol))
+        cut = {ch: lateness.deduction(pol.rule, fraction, v, possible[ch])
+               for ch, v in raw[p.id].items()}  # per chapter: each is the LMS's assignment
+        subs = {ch: v - cut[ch] for ch, v in raw[p.id].items()}
         total = sum(subs.values())
         line = {"learner": p.id, "name": p.person.name if p.person else "",
                 "email": p.person.email if p.person else "",
                 "submitted": "no" if p.entry is None else ("yes" if not p.note else
                                                            f"yes, {p.note}"),
-                "late": mark, "total": num(total), "maximum": num(maximum),
+                "late": _mark(mark, pol), "total": num(total), "maximum": num(maximum),
                 "percent": f"{100 * total / maximum:.1f}" if maximum else "0.0"}
         line.update({ch: num(v) for ch, v in subs.items()})
+        line.update(_adjusted(p, pol, sum(raw[p.id].values()), (fraction, sum(cut.values()))))
         out.append(line)
     return out
+
+
+def columns(pol: Policy) -> list[str]:
+    """The totals' optional columns this course has (see DEDUCTION)."""
+    return [c for c, used in ((DEDUCTION, pol.late.deadline is not None),
+                              (EXTENDED, bool(pol.extensions)),
+                              (OVERRIDES, bool(pol.overrides))) if used]
+
+
+def _adjusted(p: Learner, pol: Policy, earned: float, late: tuple[float, float]
+              ) -> dict[str, str]:
+    """A totals line's optional columns, and the points earned and the rule (which the
+    feedback page itemizes; not columns). `late`: (the fraction lost, the deduction)."""
+    due = pol.extensions.get(p.id)
+    mine = {item: o for (who, item), o in pol.overrides.items() if who == p.id}
+    fraction, cut = late
+    line = {"earned": num(earned),
+            "rule": f"{num(100 * fraction)}% {lateness.RULE_WORDS[pol.rule]}"}
+    if pol.late.deadline is not None:
+        line[DEDUCTION] = num(cut)
+    if pol.extensions:
+        line[EXTENDED] = "" if due is None else due.isoformat(timespec="minutes")
+    if pol.overrides:
+        line[OVERRIDES] = override.summary(mine)
+    return line
 
 
 # ----------------------------------------------------------------------------------------------
@@ -283,7 +354,8 @@ def finish(out_csv: Path, entries: list[Entry], base: dict[str, list[tuple]],
     meta = {**meta, "untimed": missing, "source": pol.source}
     files = outputs(out_csv)
     write_text(out_csv, csv_text(CSV_FIELDS, rows))
-    write_text(files["totals"], csv_text([*TOTAL_FIELDS, *(p.chapter for p in parts)], lines))
+    fields = [*TOTAL_FIELDS, *columns(pol), *(p.chapter for p in parts)]
+    write_text(files["totals"], csv_text(fields, [{k: t[k] for k in fields} for t in lines]))
     if any(part.questions for part in parts):
         write_text(files["written"], csv_text(SHEET_FIELDS,
                                               sheet_rows(people, parts, pol.filled)))
@@ -325,7 +397,7 @@ def from_options(given: dict, entries: list, parts: list, sheet: Path) -> Policy
     if unknown:
         raise TypeError(f"unexpected keyword argument {sorted(unknown)[0]!r}")
     path = {k: None if given.get(k) is None else _as_path(given[k], k)
-            for k in ("roster", "timestamps", "written", "feedback")}
+            for k in ("roster", "timestamps", "written", "feedback", "extensions", "overrides")}
     sheets = [p for p in (sheet if sheet.is_file() else None, path["written"])
               if p is not None]
     late = late_policy(given.get("deadline"), given.get("late_penalty"), given.get("late_cutoff"))
@@ -334,6 +406,7 @@ def from_options(given: dict, entries: list, parts: list, sheet: Path) -> Policy
     pol = policy(path["roster"], late, path["timestamps"], list(dict.fromkeys(sheets)),
                  entries, parts, path["feedback"], export)
     pol.source = time_source(late, path["timestamps"], given.get("late_from_mtime"))
+    adjustments(pol, given, path, entries, parts)
     return pol
 
 

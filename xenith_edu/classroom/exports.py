@@ -44,16 +44,17 @@ def _lines(header: list[str], rows: list[list[str]]) -> str:
 def canvas(people: list, lines: list[dict], parts: list) -> str:
     """Canvas's gradebook import: Student, ID, SIS User ID, SIS Login ID, Section, then one
     column per assignment (a chapter here), after a "Points Possible" row."""
-    header = [*CANVAS_FIXED, *(p.chapter for p in parts)]
+    header = [*CANVAS_FIXED, *(p.chapter for p in parts), *_notes(lines, "Notes")]
     possible = ["Points Possible", "", "", "", "",
-                *(_possible(p) for p in parts)]
+                *(_possible(p) for p in parts), *_notes(lines, "")]
     rows = [possible]
     for learner, line in zip(people, lines, strict=True):
         person = learner.person
         rows.append([person.name if person and person.name else learner.id,
                      person.canvas_id if person else "", learner.id,
                      (person.sis_login or person.email) if person else "",
-                     person.section if person else "", *(line[p.chapter] for p in parts)])
+                     person.section if person else "", *(line[p.chapter] for p in parts),
+                     *_notes([line], _override_note(line))])
     return _lines(header, rows)
 
 
@@ -61,10 +62,22 @@ def moodle(people: list, lines: list[dict], parts: list) -> str:
     """Moodle's grade import: an identifier column (the email address when the roster gives
     every learner one, else the ID number), then one grade column per chapter."""
     by_email = bool(people) and all(p.person and p.person.email for p in people)
-    header = ["Email address" if by_email else "ID number", *(p.chapter for p in parts)]
-    rows = [[p.person.email if by_email else p.id, *(line[c.chapter] for c in parts)]
+    header = ["Email address" if by_email else "ID number", *(p.chapter for p in parts),
+              *_notes(lines, "Feedback")]
+    rows = [[p.person.email if by_email else p.id, *(line[c.chapter] for c in parts),
+             *_notes([line], _override_note(line))]
             for p, line in zip(people, lines, strict=True)]
     return _lines(header, rows)
+
+
+def _notes(lines: list[dict], cell: str) -> list[str]:
+    """The notes column (`cell`), only in a course with overrides: an LMS file without them is
+    as it was."""
+    return [cell] if any("overrides" in line for line in lines) else []
+
+
+def _override_note(line: dict) -> str:
+    return f"override: {line['overrides']}" if line.get("overrides") else ""
 
 
 def num(x: float) -> str:
@@ -112,6 +125,7 @@ def page(learner, rows: list[dict], line: dict) -> str:
            f"({_e(line['percent'])}%)</p>"]
     if line["late"]:
         out.append(f'<p class="late">Handed in {_e(line["late"])}.</p>')
+    out += _adjustments(line)
     if line["submitted"] == "no":
         out.append("<p>Nothing was handed in.</p>")
     out += ["<table><tr><th>notebook</th><th>exercise</th><th>verdict</th><th>points</th>"
@@ -124,6 +138,21 @@ def page(learner, rows: list[dict], line: dict) -> str:
                    f"<td><pre>{_e(r['message'])}</pre></td></tr>")
     out += ["</table>", "</body></html>", ""]
     return "\n".join(out)
+
+
+def _adjustments(line: dict) -> list[str]:
+    """The page's lines of the course's adjustments: the late deduction itemized (earned,
+    deduction, total), the learner's extended deadline, the teacher's overrides."""
+    out = []
+    if line.get("deduction") and float(line["deduction"]):
+        out.append(f'<p class="late">Points earned {_e(line["earned"])}, late deduction '
+                   f'&minus;{_e(line["deduction"])} ({_e(line["rule"])}), total '
+                   f'{_e(line["total"])}.</p>')
+    if line.get("extended deadline"):
+        out.append(f"<p>Your deadline was extended to {_e(line['extended deadline'])}.</p>")
+    if line.get("overrides"):
+        out.append(f"<p>Points set by the teacher (override): {_e(line['overrides'])}.</p>")
+    return out
 
 
 def write_feedback(folder: Path, people: list, rows: list[dict], lines: list[dict]) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..exercises import SPECS, InPlace, NotCallable, Opaque, Raised, judge
 from . import cells, course, nbread, roster, sandbox, shards, statuses, wire
+from . import regrade as regrading
 from .delegation import targets
 from .journal import Journal, fingerprint
 from .material import material
@@ -55,6 +56,7 @@ class Options:
     seed: int = 0  # the assignment's case seed: every learner gets the same hidden cases
     parts: list = field(default_factory=list)  # the course's parts (points.Part): questions
     material: dict = field(default_factory=dict)  # what the teacher's cells import (material.py)
+    checks: dict = field(default_factory=dict)  # "notebook/exercise" -> its check's digest
 
 
 def _specs() -> dict:
@@ -394,8 +396,8 @@ def _the_class(root: Path, out_csv: Path, instructor: Path | None, feedback: obj
 def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_TIMEOUT, *,
           instructor: Path | None = None, jobs: int | None = None, resume: bool = False,
           memory: int | None = None, seed: int | None = None, progress: bool | None = None,
-          call_time: float = CALL_TIME, shard: str | None = None, **course_options
-          ) -> list[dict]:
+          call_time: float = CALL_TIME, shard: str | None = None, regrade: object = None,
+          **course_options) -> list[dict]:
     """Grade every submission in `submissions_dir`; write the CSV, its journal, a report, the
     totals and the other files of the course (see `course.finish`).
 
@@ -416,7 +418,8 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     options (each checked before anything runs): `roster` (CSV: id, name, email, ...),
     `timestamps` (CSV: id, submitted), `written` (the filled sheet of written answers),
     `feedback` (a folder), `export` (("canvas", "moodle")), `deadline`, `late_cutoff` (ISO 8601)
-    and `late_penalty` (the fraction of the points lost per day late).
+    `late_penalty` (a fraction per day late), `late_rule` ("earned", "possible"), `extensions`,
+    `overrides` (CSVs). `regrade` ("alice,bob"): grade them again, keep the others.
     """
     from .student import _as_path  # the one check of a path argument
 
@@ -429,12 +432,12 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     journal_path, files, started = outputs(out_csv)[0], course.outputs(out_csv), time.monotonic()
     entries, teacher, parts = _the_class(root, out_csv, instructor,
                                          course_options.get("feedback"))
+    named = set() if regrade is None else regrading.named(regrade, entries, journal_path)
     facts = [course.entry_of(i, e) for i, e in enumerate(entries)]
     pol = course.from_options(course_options, facts, parts, files["written"])
-    journal, options = _setup(journal_path, (teacher, parts, instructor), resume, seed,
-                              Options(float(timeout), float(call_time), _limits(memory)))
-    if not sandbox.bwrap():
-        print(f"xenith-edu grade: {sandbox.WARNING}", file=sys.stderr, flush=True)
+    journal, options = _setup(journal_path, (teacher, parts, instructor), resume or bool(named),
+                              seed, Options(float(timeout), float(call_time), _limits(memory)),
+                              named)
     progress = sys.stderr.isatty() if progress is None else progress
     mine = shards.select(len(entries), k, n)
     graded = _run_class([entries[i] for i in mine], teacher, options, journal, jobs, progress)
@@ -456,7 +459,7 @@ def _identity(entries: list, instructor: Path | None, teacher: list, options: Op
     names = {name for name, _ in teacher}
     files = [p for p in roster.teacher_files(instructor) if p.name in names]
     given = {"timeout": options.timeout, "call_time": options.call_time, "seed": options.seed,
-             "limits": options.limits.as_dict()}
+             "limits": options.limits.as_dict(), "checks": options.checks}
     return shards.class_identity(entries, files, given)
 
 
@@ -464,13 +467,18 @@ def _limits(memory: object) -> sandbox.Limits:
     return sandbox.Limits() if memory is None else sandbox.Limits(memory=int(memory))
 
 
-def _setup(path: Path, course_of: tuple, resume: bool, seed: int | None, options: Options
-           ) -> tuple[Journal, Options]:
-    """The journal (which keeps the assignment's seed) and the grading options."""
+def _setup(path: Path, course_of: tuple, resume: bool, seed: int | None, options: Options,
+           named: set[str]) -> tuple[Journal, Options]:
+    """The journal (which keeps the assignment's seed; `named`: the learners graded again)
+    and the grading options."""
     teacher, parts, instructor = course_of
     sandbox.check_works()
-    journal = Journal(path, _key(teacher, parts), resume, seed)
+    if not sandbox.bwrap():
+        print(f"xenith-edu grade: {sandbox.WARNING}", file=sys.stderr, flush=True)
+    journal = Journal(path, _key(teacher, parts), resume, seed, named)
     options.seed, options.parts = int(journal.seed), parts
+    options.checks = regrading.checks(teacher, _specs(),
+                                    lambda nb, ex: case_seed(options.seed, nb, ex))
     options.material = material(roster.teacher_sources(instructor, teacher))
     return journal, options
 
@@ -497,6 +505,24 @@ def _graded(learner: str, source: Path, teacher: list, options: Options, slot: i
                  f"({why}); --resume tries again", "")], {"retry": True}
 
 
+def _sandboxed(learner: str, source: Path, part: list, options: Options, pool: tuple
+               ) -> tuple[list[GradeRow], dict, dict, float]:
+    """One learner graded on the exercises of `part` in a sandbox of `pool` (slots, fonts):
+    (rows, written answers, seeds, seconds)."""
+    slots, fonts = pool
+    slot, t0 = slots.get(), time.monotonic()
+    try:
+        found, seeds = _graded(learner, source, part, options, slot, fonts)
+    finally:
+        slots.put(slot)
+    prefix = f"{canonical(roster.display(source.name))}/" if source.is_dir() else ""
+    if sandbox.ABORT.is_set():
+        raise KeyboardInterrupt  # its sandbox was ended: not a grade
+    return [GradeRow(learner, prefix + nb if nb else "", ex, st, msg, mistake)
+            for nb, ex, st, msg, mistake in found], seeds.pop("answers", {}), \
+        seeds, round(time.monotonic() - t0, 2)
+
+
 def _run_class(entries: list, teacher: list, options: Options, journal: Journal, jobs: int,
                progress: bool) -> list[tuple[list[tuple], dict]]:
     """Every learner's rows and written answers, in the folder's order; `jobs` sandboxes at a
@@ -514,23 +540,18 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
         else:
             stamp = fingerprint(source)
             record = journal.done(key, stamp)
-            if record is not None:
+            changed = regrading.what_changed(record, key, journal, options.checks)
+            if changed == set():
                 return _kept(record)
-            slot, t0 = slots.get(), time.monotonic()
-            try:
-                found, seeds = _graded(learner, source, teacher, options, slot, fonts)
-            finally:
-                slots.put(slot)
-            prefix = f"{canonical(roster.display(source.name))}/" if source.is_dir() else ""
-            rows = [GradeRow(learner, prefix + nb if nb else "", ex, st, msg, mistake)
-                    for nb, ex, st, msg, mistake in found]
-            if sandbox.ABORT.is_set():
-                raise KeyboardInterrupt  # its sandbox was ended: not a grade
-            found = seeds.pop("answers", {})
+
+            def run(part: list) -> tuple[list[GradeRow], dict, dict, float]:
+                return _sandboxed(learner, source, part, options, (slots, fonts))
+
+            rows, found, seeds, seconds = regrading.partly(run, teacher, record, changed)
             if not seeds.pop("retry", False):  # else not journaled: --resume grades it again
-                seconds = round(time.monotonic() - t0, 2)
                 journal.append({"learner": key, "fingerprint": stamp, "rows": rows,
-                                "seeds": seeds, "answers": found, "seconds": seconds})
+                                "seeds": seeds, "answers": found, "seconds": seconds,
+                                "checks": options.checks})
             return rows, found
         return [GradeRow(learner, *r) for r in rows], {}
 
@@ -546,7 +567,9 @@ def _run_class(entries: list, teacher: list, options: Options, journal: Journal,
 
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
-        return list(pool.map(tracked, entries))
+        done = list(pool.map(tracked, entries))
+        journal.tally.print() if journal.resumed else None  # who was graded again, and why
+        return done
     except KeyboardInterrupt:
         sandbox.stop_all()
         print(f"xenith-edu grade: interrupted; {journal.path.name} keeps the learners graded "

@@ -104,7 +104,8 @@ def _table(path: Path, what: str, required: tuple[str, ...]) -> list[tuple[int, 
         if len(row) > len(header):
             raise ValueError(f"{path.name}, row {n}: {len(row)} cells under a header of "
                              f"{len(header)}: quote the cells that hold a comma")
-        cells = {h: unsafe_cell(c.strip()) for h, c in zip(header, row, strict=False)}
+        row = row + [""] * (len(header) - len(row))  # a short row: its missing cells are blank
+        cells = {h: unsafe_cell(c.strip()) for h, c in zip(header, row, strict=True)}
         for key in ("id", "learner"):  # a learner's id: its one canonical form
             if key in cells:
                 cells[key] = canonical(cells[key])

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 from .outfiles import write_text
+from .regrade import Tally
 from .roster import walk
 
 VERSION = 3
@@ -55,12 +56,16 @@ class Journal:
     """An append-only file of learner records, safe to call from several threads."""
 
     def __init__(self, path: Path, exercises_key: str, resume: bool,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, regrade: set[str] = frozenset()) -> None:
         """`seed`: the assignment's case seed (None: the journal's when resuming, else a fresh
-        random one); kept in the first line, so that a resumed run draws the same cases."""
+        random one); kept in the first line, so that a resumed run draws the same cases.
+        `regrade`: the learners (journal keys) graded again although kept."""
         self.path = path
         self.key = exercises_key
         self.kept: dict[str, dict] = {}
+        self.regrade = set(regrade)
+        self.resumed = resume
+        self.tally = Tally()  # who is graded again, and why
         self._lock = threading.Lock()
         self.seed = seed
         lines: list[str] = []
@@ -107,8 +112,9 @@ class Journal:
         return records
 
     def done(self, learner: str, print_: str) -> dict | None:
-        """The kept record of `learner` if its submission is unchanged, else None."""
-        record = self.kept.get(learner)
+        """The kept record of `learner` if its submission is unchanged and the teacher did not
+        name it to grade again, else None."""
+        record = None if learner in self.regrade else self.kept.get(learner)
         return record if record is not None and record.get("fingerprint") == print_ else None
 
     def append(self, record: dict) -> None:

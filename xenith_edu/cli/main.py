@@ -269,7 +269,11 @@ def _add_classroom(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
                    help="learners graded at the same time (default: the number of cores)")
     p.add_argument("--resume", action="store_true",
-                   help="keep the learners already in the journal next to --out; grade the rest")
+                   help="keep the learners already in the journal next to --out; grade the rest "
+                   "(and the rows whose check changed since)")
+    p.add_argument("--regrade", metavar="NAMES", default=None,
+                   help="grade these learners again (alice,bob) and keep the others from the "
+                   "journal next to --out")
     p.add_argument("--memory", type=_positive_float, default=None, metavar="GIB",
                    help="memory limit of each sandboxed process, in GiB (default 2)")
     p.add_argument("--shard", metavar="K/N", default=None,
@@ -302,6 +306,15 @@ def _add_course_options(p: argparse.ArgumentParser) -> None:
                    help="the fraction of the points lost per day begun late (0.1 for 10%%)")
     g.add_argument("--late-cutoff", metavar="TIME", default=None,
                    help="after this time (ISO 8601) late work gets no points")
+    g.add_argument("--late-rule", choices=["earned", "possible"], default=None,
+                   help="what --late-penalty takes a fraction of: the points earned (default), "
+                   "or the points possible, capped at the points earned (Canvas's rule)")
+    g.add_argument("--extensions", metavar="CSV", default=None,
+                   help="each learner's extension: a CSV with columns id, extension (their own "
+                   "deadline, ISO 8601, or a number of days); the roster may have the column too")
+    g.add_argument("--overrides", metavar="CSV", default=None,
+                   help="the teacher's points, which win over the checks: a CSV with columns "
+                   "learner, exercise (or question), points, comment")
     g.add_argument("--written", metavar="CSV", default=None,
                    help="the sheet of written answers, with the points and comments filled in")
     g.add_argument("--feedback", metavar="DIR", default=None,
@@ -475,7 +488,8 @@ def _cmd_grade(args: argparse.Namespace) -> int:
 
     given = {"instructor": args.instructor, "jobs": args.jobs, "resume": args.resume or None,
              "memory": None if args.memory is None else int(args.memory * 2**30),
-             "shard": args.shard, "seed": args.seed, **_course_options(args)}
+             "shard": args.shard, "seed": args.seed, "regrade": args.regrade,
+             **_course_options(args)}
     rows = classroom.grade(Path(args.submissions), Path(args.out), args.timeout,
                            **{k: v for k, v in given.items() if v is not None}) or []
     passed = sum(1 for r in rows if r.get("status") == "passed")
@@ -490,10 +504,10 @@ def _cmd_grade(args: argparse.Namespace) -> int:
 def _course_options(args: argparse.Namespace) -> dict:
     """The course's options as `grade` and `grade_merge` take them (None: not given)."""
     paths = {k: None if getattr(args, k) is None else Path(getattr(args, k))
-             for k in ("roster", "timestamps", "written", "feedback")}
+             for k in ("roster", "timestamps", "written", "feedback", "extensions", "overrides")}
     return {**paths, "deadline": args.deadline, "late_penalty": args.late_penalty,
             "late_cutoff": args.late_cutoff, "export": tuple(args.export) or None,
-            "late_from_mtime": args.late_from_mtime}
+            "late_from_mtime": args.late_from_mtime, "late_rule": args.late_rule}
 
 
 def _cmd_grade_merge(args: argparse.Namespace) -> int:
