@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from .exports import csv_text, num, write_exports, write_feedback
+from .exports import check_exports, csv_text, exported, num, write_exports, write_feedback
 from .inputs import LatePolicy, Person, late_policy, read_filled, read_roster, read_timestamps
-from .names import escape_controls
+from .names import escape_controls, fold
 from .outfiles import write_text
 from .points import Part
 from .report import write_report
@@ -97,11 +97,11 @@ def learners(entries: list[Entry], roster: list[Person] | None,
     ids = _ids(entries)
     shared = {e.learner for e in entries if ids[e.key] != e.learner
               or e.learner.removesuffix("/").removesuffix(".ipynb") in collided}
-    by_id = {ids[e.key]: e for e in entries}
+    by_id = {fold(ids[e.key]): (ids[e.key], e) for e in entries}  # as a disk ignores case
     out = []
     for p in roster or []:
-        out.append(Learner(p.id, by_id.pop(p.id, None), p))
-    for lid, e in by_id.items():
+        out.append(Learner(p.id, by_id.pop(fold(p.id), (None, None))[1], p))
+    for lid, e in by_id.values():
         note = "name shared with another submission" if e.learner in shared else \
             ("not on the roster" if roster is not None else "")
         out.append(Learner(lid, e, None, note))
@@ -113,15 +113,14 @@ def policy(roster: Path | None, late: LatePolicy, timestamps: Path | None,
            feedback: Path | None = None, export: tuple[str, ...] = ()) -> Policy:
     """The policy, every file of it read and checked now: before anything is graded."""
     people = read_roster(roster) if roster is not None else None
-    ids = set(_ids(entries).values()) | {p.id for p in people or []}
+    klass = learners([e for e in entries if e.status != COLLISION], people)
+    ids = {p.id for p in klass}  # the one id of each learner, which the files' ids find
     times = read_timestamps(timestamps, ids) if timestamps is not None else {}
     questions = {q.id: q.points for part in parts for q in part.questions}
     filled: dict = {}
     for sheet in sheets:  # the sheet written last time, then the one the teacher gives
         filled.update(read_filled(sheet, questions, ids))
-    for name in export:
-        if name not in EXPORTS:
-            raise ValueError(f"export: {name!r} is not one of {', '.join(EXPORTS)}")
+    export = check_exports(export, exported(klass))  # each file's one identifier, now
     if feedback is not None and feedback.exists() and not feedback.is_dir():
         raise ValueError(f"feedback: {feedback} is a file: give a folder for the feedback")
     return Policy(people, late, times, filled, feedback, tuple(dict.fromkeys(export)))

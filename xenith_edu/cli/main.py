@@ -306,9 +306,15 @@ def _add_course_options(p: argparse.ArgumentParser) -> None:
                    help="the sheet of written answers, with the points and comments filled in")
     g.add_argument("--feedback", metavar="DIR", default=None,
                    help="write one self-contained HTML page of feedback per learner into DIR")
-    g.add_argument("--export", action="append", choices=["canvas", "moodle"], default=[],
-                   help="write the gradebook import file of this LMS next to --out "
-                   "(repeatable)")
+    from ..classroom.exports import EXPORT_CHOICES  # the LMS files' one table (no NumPy)
+
+    g.add_argument("--export", action="append", choices=EXPORT_CHOICES, default=[],
+                   metavar="LMS[:ID]",
+                   help="write the gradebook import file of this LMS next to --out, its rows "
+                   "matched by one identifier for the whole file (repeatable): "
+                   f"{', '.join(EXPORT_CHOICES)}; canvas alone is canvas:id (the roster's id "
+                   "as SIS User ID), moodle alone is moodle:email. A learner of the roster "
+                   "without the identifier, or two with one, is refused before grading")
 
 
 def _fraction(s: str) -> float:
