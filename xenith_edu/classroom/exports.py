@@ -1,27 +1,19 @@
-"""What leaves the grader: CSV cells no spreadsheet runs, the gradebook files Canvas and Moodle
-import, and one self-contained feedback page per learner, every learner's string escaped.
+"""What leaves the grader: CSV cells no spreadsheet runs, and the gradebook files Canvas and
+Moodle import, each matched by one identifier the teacher chose (the pages: feedback.py).
 """
 
 from __future__ import annotations
 
 import csv
-import html
 import io
-import re
 from pathlib import Path
 from typing import NamedTuple
 
 from .inputs import safe_cell
-from .names import escape_controls, file_stems, fold
-from .outfiles import make_folder, write_text
+from .names import escape_controls, fold
+from .outfiles import write_text
 
 CANVAS_FIXED = ("Student", "ID", "SIS User ID", "SIS Login ID", "Section")
-# The page asks for nothing: no script, no image, no font, no style sheet from anywhere.
-CSP = "default-src 'none'; style-src 'unsafe-inline'"
-STYLE = ("body{font-family:sans-serif;max-width:52em;margin:2em auto;padding:0 1em}"
-         "table{border-collapse:collapse;width:100%}td,th{border:1px solid #ccc;padding:.3em;"
-         "vertical-align:top;text-align:left}pre{white-space:pre-wrap;margin:0}"
-         ".passed,.graded{color:#1a7f37}.late{color:#b35900}")
 
 
 def csv_text(fields: tuple[str, ...] | list[str], rows: list[dict]) -> str:
@@ -183,50 +175,3 @@ def write_exports(files: dict[str, Path], export: tuple[str, ...], people: list,
         write_text(files[lms], make(people, lines, parts, key))
         written.append(files[lms])
     return written
-
-
-# ----------------------------------------------------------------------------------------------
-# Feedback: one page per learner.
-
-
-def _e(text: object) -> str:
-    return html.escape(escape_controls(text, "\n"), quote=True)
-
-
-def page(learner, rows: list[dict], line: dict) -> str:
-    """One learner's feedback: the total, the late mark, then each exercise's verdict,
-    points and message, and the teacher's comments on the written answers."""
-    name = learner.person.name if learner.person and learner.person.name else learner.id
-    title = f"Feedback for {name}"
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
-           f"<title>{_e(title)}</title><style>{STYLE}</style></head><body>",
-           f"<h1>{_e(title)}</h1>",
-           f"<p><strong>{_e(line['total'])} of {_e(line['maximum'])} points</strong> "
-           f"({_e(line['percent'])}%)</p>"]
-    if line["late"]:
-        out.append(f'<p class="late">Handed in {_e(line["late"])}.</p>')
-    if line["submitted"] == "no":
-        out.append("<p>Nothing was handed in.</p>")
-    out += ["<table><tr><th>notebook</th><th>exercise</th><th>verdict</th><th>points</th>"
-            "<th>message</th></tr>"]
-    for r in rows:
-        points = f"{r['points']} of {r['max_points']}" if r["max_points"] else ""
-        status = re.sub(r"[^a-z]", "-", r["status"])
-        out.append(f"<tr><td>{_e(r['notebook'])}</td><td>{_e(r['exercise'])}</td>"
-                   f'<td class="{status}">{_e(r["status"])}</td><td>{_e(points)}</td>'
-                   f"<td><pre>{_e(r['message'])}</pre></td></tr>")
-    out += ["</table>", "</body></html>", ""]
-    return "\n".join(out)
-
-
-def write_feedback(folder: Path, people: list, rows: list[dict], lines: list[dict]) -> None:
-    """One page per learner into `folder`, named after the learner."""
-    make_folder(folder)
-    mine: dict[str, list[dict]] = {}
-    for r in rows:
-        mine.setdefault(r["learner"], []).append(r)
-    stems = file_stems([p.id for p in people])
-    for learner, line in zip(people, lines, strict=True):
-        write_text(folder / f"{stems[learner.id]}.html",
-                          page(learner, mine.get(learner.id, []), line))
