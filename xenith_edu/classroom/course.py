@@ -271,7 +271,7 @@ def finish(out_csv: Path, entries: list[Entry], base: dict[str, list[tuple]],
     write_text(out_csv, csv_text(CSV_FIELDS, rows))
     write_text(files["totals"], csv_text([*TOTAL_FIELDS, *(p.chapter for p in parts)], lines))
     if any(part.questions for part in parts):  # the anonymous sheet, and its key apart
-        write_sheet(files["written"], people, parts, pol.filled, pol.key)
+        write_sheet(files["written"], people, parts, pol.filled, pol.key, meta.get("class"))
     questions = [q.id for part in parts for q in part.questions]
     write_report(out_csv.with_name(out_csv.stem + ".md"), rows,
                  {**meta, "csv": out_csv.name, "questions": questions}, people, lines)

@@ -2,15 +2,18 @@
 key that maps them back kept in a file of its own), untouched answers flagged, the filled sheet
 read back through the key.
 
-The sheet names no learner: each learner has a sheet id drawn at random (never derived from the
-id, which a dictionary of the roster would reverse), and the rows are in the order of those ids,
-not the roster's. The key (sheet id -> learner) is written next to it, first, and read again on
-the next run, so a learner keeps their sheet id and a filled sheet finds its learners.
+The sheet names no learner: each learner's sheet id is a keyed hash (HMAC) of the id under the
+class's identity (the digest of its submissions, teacher's notebooks and seed, which a single
+run and the merge of its shards share), never a function of the id alone, which a dictionary of
+the roster would reverse; the rows are in the order of those ids, not the roster's. The key
+(sheet id -> learner) is written next to it, first, and read again on the next run: a learner
+keeps their sheet id, and a filled sheet finds its learners.
 """
 
 from __future__ import annotations
 
-import random
+import hashlib
+import hmac
 import secrets
 from pathlib import Path
 
@@ -81,19 +84,34 @@ def read_key(path: Path) -> dict[str, str]:
     return out
 
 
+def _drawn(secret: str, learner: str, attempt: int) -> str:
+    """A sheet id for `learner`: ID_LENGTH letters of ALPHABET from HMAC-SHA256 under `secret`."""
+    digest = hmac.new(secret.encode("utf-8", "replace"),
+                      f"{fold(learner)}\0{attempt}".encode("utf-8", "replace"),
+                      hashlib.sha256).digest()
+    number = int.from_bytes(digest, "big")
+    out = []
+    for _ in range(ID_LENGTH):
+        number, i = divmod(number, len(ALPHABET))
+        out.append(ALPHABET[i])
+    return "".join(out)
+
+
 def assign(learners: list[str], key: dict[str, str], shown: list[str],
-           rng: random.Random | None = None) -> dict[str, str]:
-    """learner -> sheet id: the key's for a learner it has, a fresh random one otherwise, none
-    of which holds a string of `shown` (the roster's ids, names, e-mails) MIN_SHOWN long."""
-    rng = rng or secrets.SystemRandom()
+           secret: str | None = None) -> dict[str, str]:
+    """learner -> sheet id: the key's for a learner it has, else one drawn under `secret` (a
+    random one when None), none of which holds a string of `shown` (the roster's ids, names,
+    e-mails) MIN_SHOWN long or more."""
+    secret = secret or secrets.token_hex(16)
     kept = {fold(learner): sid for sid, learner in key.items()}
     taken = set(key)
     avoid = {fold(s) for s in shown if len(s) >= MIN_SHOWN}
     out = {}
     for learner in learners:
-        sid = kept.get(fold(learner))
+        sid, attempt = kept.get(fold(learner)), 0
         while sid is None:
-            drawn = "".join(rng.choice(ALPHABET) for _ in range(ID_LENGTH))
+            drawn = _drawn(secret, learner, attempt)
+            attempt += 1
             if drawn not in taken and not any(a in drawn for a in avoid):
                 sid = drawn
         taken.add(sid)
@@ -124,12 +142,13 @@ def sheet_rows(people: list, parts: list, filled: dict, ids: dict[str, str]) -> 
 
 
 def write_sheet(sheet: Path, people: list, parts: list, filled: dict, key: dict[str, str],
-                rng: random.Random | None = None) -> None:
-    """The key, then the anonymous sheet (a sheet never names an id its key lacks)."""
+                secret: str | None = None) -> None:
+    """The key, then the anonymous sheet (a sheet never names an id its key lacks); new sheet
+    ids drawn under `secret`, the class's identity."""
     from .exports import csv_text  # the one writer of the grader's CSV cells
 
     handed = [p.id for p in people if p.entry is not None]
-    ids = assign(handed, key, _shown(people), rng)
+    ids = assign(handed, key, _shown(people), secret)
     kept = {sid: learner for sid, learner in key.items()
             if fold(learner) not in {fold(h) for h in handed}}  # a learner of another run
     rows = [{"sheet_id": sid, "learner": learner}
@@ -153,7 +172,7 @@ def read_sheet(path: Path, questions: dict[str, float], learners: set[str],
     for n, row in _table(path, "sheet of written answers",
                          ("sheet_id", "question", "points", "comment")):
         where, question = f"{path.name}, row {n}", row["question"]
-        learner = known.get(fold(key.get(row["sheet_id"], "\0")))
+        learner = known.get(fold(key.get(row["sheet_id"].lower(), "\0")))  # as spelt
         if learner is None:
             raise ValueError(f"{where}: no sheet id {row['sheet_id']!r} in the key of this "
                              "class's sheet: keep the sheet_id column as the grader wrote it")

@@ -107,6 +107,9 @@ def _add_course_tools(sub: argparse._SubParsersAction) -> None:
                    "(default: a wheel of the package installed here)")
     p.add_argument("--extras", nargs="+", metavar="EXTRA", help="the package's extras to "
                    "install too (torch for the PyTorch chapter, hf torch for the LLaMA one)")
+    p.add_argument("--wheels", metavar="DIR", help="a folder of the dependencies' wheels to "
+                   "carry in the archive (pip download \"xenith-edu[notebooks]\" -d DIR): "
+                   "setup.sh installs from them before PyPI, and without PyPI at all")
     p.add_argument("--timeout", type=_positive_float, default=120.0,
                    help="seconds allowed per notebook (default: 120)")
     p.add_argument("--memory", type=_positive_float, metavar="GIB",
@@ -132,6 +135,7 @@ def _cmd_gradescope(args: argparse.Namespace) -> int:
 
     made = build(Path(args.notebooks), Path(args.out), args.chapters,
                  dist=None if args.dist is None else Path(args.dist), extras=args.extras,
+                 wheels=None if args.wheels is None else Path(args.wheels),
                  timeout=args.timeout, visibility=args.visibility,
                  memory=None if args.memory is None else int(args.memory * 2**30))
     parts = made.parts
