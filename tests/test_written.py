@@ -204,3 +204,19 @@ def test_sheet_ids_are_the_class_s_not_the_id_s(names, secrets):
     other = written.assign(names, {}, [], secrets[1])
     assert all(first[n] != other[n] for n in names)
     assert len(set(first.values())) == len(names)
+
+
+@settings(max_examples=30, deadline=None)
+@given(before=markdown, after=markdown, marked=st.booleans(),
+       answer=st.from_regex(r"Model answer [a-z]{6}", fullmatch=True))
+def test_no_student_version_holds_a_model_answer(tmp_path_factory, before, after, marked,
+                                                  answer):
+    """nbgrader's rule: a written answer's cell is stubbed where it is marked, and replaced
+    whole where it is not (it is the model answer then)."""
+    source = f"{before}\n### BEGIN SOLUTION\n{answer}\n### END SOLUTION\n{after}" if marked \
+        else f"{before}\n{answer}\n{after}"
+    handed_out, q = student_cell(tmp_path_factory.mktemp("m"), source)
+    assert answer not in handed_out and TEXT_STUB in handed_out
+    assert written.flag(handed_out, q.stub) == written.UNTOUCHED
+    if not marked:
+        assert handed_out == TEXT_STUB

@@ -38,12 +38,12 @@ def key_path(sheet: Path) -> Path:
 
 
 def student_answer(source: str) -> str:
-    """What the student version of a teacher's answer cell holds: its solution regions made
-    "YOUR ANSWER HERE", its solution blocks dropped (the rule of `make_student_versions`)."""
-    from .student import _drop_solution_blocks, _strip_regions  # the one rule of the stubs
+    """What the student version of a teacher's answer cell holds (the rule of
+    `make_student_versions`: its solution blocks dropped, then `answer_stub`)."""
+    from .student import _drop_solution_blocks, answer_stub  # the one rule of the stubs
 
     try:
-        return _strip_regions(_drop_solution_blocks(source), "", code=False)[0]
+        return answer_stub(_drop_solution_blocks(source))
     except ValueError:  # a region never closed: the teacher's tools refuse it elsewhere
         return source
 
