@@ -127,6 +127,8 @@ def test_a_sheet_id_the_key_does_not_hold_is_one_line(tmp_path):
     sheet.write_text("sheet_id,question,points,comment\nzzzz,why,1,\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"filled.csv, row 2: no sheet id 'zzzz' in the key"):
         written.read_sheet(sheet, {"why": 2.0}, {"alice"}, {"bcd": "alice"})
+    with pytest.raises(ValueError, match=r"row 2: no sheet id 'zzzz' .* the key .* is gone"):
+        written.read_sheet(sheet, {"why": 2.0}, {"alice"}, {})
     key = tmp_path / "grades.written.key.csv"
     key.write_text("sheet_id,learner\nbcd,alice\nbcd,bob\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"grades.written.key.csv, row 3: not the key"):

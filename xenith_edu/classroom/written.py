@@ -174,8 +174,10 @@ def read_sheet(path: Path, questions: dict[str, float], learners: set[str],
         where, question = f"{path.name}, row {n}", row["question"]
         learner = known.get(fold(key.get(row["sheet_id"].lower(), "\0")))  # as spelt
         if learner is None:
+            do = "keep the sheet_id column as the grader wrote it" if key else \
+                "the key (the .written.key.csv beside the grades CSV) is gone: restore it"
             raise ValueError(f"{where}: no sheet id {row['sheet_id']!r} in the key of this "
-                             "class's sheet: keep the sheet_id column as the grader wrote it")
+                             f"class's sheet: {do}")
         if question not in questions:
             raise ValueError(f"{where}: no written question {question!r} in the teacher's "
                              "notebooks: keep the question column as the grader wrote it")
