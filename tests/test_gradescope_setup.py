@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 import nbformat
+import pytest
 from packaging.requirements import Requirement
 from test_gradescope import lesson, unpack, validate
 
@@ -131,3 +132,31 @@ def test_setup_sh_builds_the_autograder_offline_and_run_autograder_grades(tmp_pa
     results = json.loads((root / "results" / "results.json").read_text())
     validate(results)
     assert results["score"] == 4.0, results["output"]  # 3 + 1; the written answer by hand
+
+
+def test_the_archive_s_wheel_states_the_dependencies_of_the_package_s_files(tmp_path):
+    """In a clone, the wheel's metadata is the pyproject's (an editable install's own record
+    may predate a dependency added since); its version is the files'."""
+    import tomllib
+
+    import xenith_edu
+
+    project = tomllib.loads((Path(xenith_edu.__file__).parents[1] / "pyproject.toml")
+                            .read_text(encoding="utf-8"))["project"]
+    lines = package_metadata().splitlines()
+    core = [line.split(":", 1)[1].strip() for line in lines
+            if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    assert core == project["dependencies"]
+    assert {line.split(":", 1)[1].strip() for line in lines
+            if line.startswith("Provides-Extra:")} == set(project["optional-dependencies"])
+    assert f"Version: {xenith_edu.__version__}" in lines
+
+
+def test_a_folder_of_wheels_without_one_is_refused_in_one_line(tmp_path):
+    (tmp_path / "teacher").mkdir()
+    nbformat.write(lesson(), str(tmp_path / "teacher" / "lesson.ipynb"))
+    (tmp_path / "empty").mkdir()
+    for folder in (tmp_path / "empty", tmp_path / "absent"):
+        with pytest.raises(ValueError, match=r"^wheels: no wheel \(\.whl\) in [^\n]*$"):
+            build(tmp_path / "teacher", tmp_path / "a.zip", wheels=folder)
+    assert not (tmp_path / "a.zip").exists()
