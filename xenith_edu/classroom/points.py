@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import nbread
-from .nbread import SKIP_TAG, _nbgrader, _source, _tags, blank_skipped, cell_key  # noqa: F401
+from .nbread import SKIP_TAG, _nbgrader, _source, blank_skipped, cell_key, is_written  # noqa: F401
 from .roster import Exercise
 from .student import TEXT_STUB
 from .written import student_answer
 
-WRITTEN_TAG = "written-answer"  # a markdown cell that holds a written answer
 DEFAULT_POINTS = 1.0
 
 
@@ -66,12 +65,6 @@ def _points(cell: dict, where: str) -> float | None:
         raise ValueError(f"{where}: metadata.nbgrader.points is {points!r}: give a number of "
                          "points, 0 or more")
     return float(points)
-
-
-def is_written(cell: dict) -> bool:
-    meta = _nbgrader(cell)
-    return cell.get("cell_type") == "markdown" and (
-        WRITTEN_TAG in _tags(cell) or (meta.get("solution") is True and meta.get("grade") is True))
 
 
 def read_part(path: Path, exercises: list[Exercise]) -> Part:
