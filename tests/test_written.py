@@ -142,6 +142,10 @@ def test_a_sheet_id_avoids_every_roster_string(tmp_path):
     ids = written.assign([f"l{i}" for i in range(20)], {}, shown, "class")
     assert len(set(ids.values())) == 20
     assert not any(s in sid for sid in ids.values() for s in shown)
+    # a spreadsheet would read digits alone as a number, and the key would not find it
+    assert not written.usable("2345678923", set(), set())
+    assert written.usable("23456789b3", set(), set())
+    assert not written.usable("23456789b3", {"23456789b3"}, set())
 
 
 # ----------------------------------------------------------------------------------------------

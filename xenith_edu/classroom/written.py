@@ -97,6 +97,12 @@ def _drawn(secret: str, learner: str, attempt: int) -> str:
     return "".join(out)
 
 
+def usable(sid: str, taken: set[str], avoid: set[str]) -> bool:
+    """Whether a drawn sheet id may be used: not taken, holding no roster string of `avoid`,
+    and not digits alone (which a spreadsheet would turn into a number)."""
+    return sid not in taken and not sid.isdigit() and not any(a in sid for a in avoid)
+
+
 def assign(learners: list[str], key: dict[str, str], shown: list[str],
            secret: str | None = None) -> dict[str, str]:
     """learner -> sheet id: the key's for a learner it has, else one drawn under `secret` (a
@@ -112,7 +118,7 @@ def assign(learners: list[str], key: dict[str, str], shown: list[str],
         while sid is None:
             drawn = _drawn(secret, learner, attempt)
             attempt += 1
-            if drawn not in taken and not any(a in drawn for a in avoid):
+            if usable(drawn, taken, avoid):
                 sid = drawn
         taken.add(sid)
         out[learner] = sid
