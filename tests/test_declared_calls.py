@@ -25,7 +25,7 @@ def resolve(dotted: str) -> object:
     return getattr(importlib.import_module(module), attr)
 
 
-def test_the_exercises_that_share_a_helper_with_their_reference_declare_it():
+def test_the_exercises_that_share_a_function_with_their_reference_declare_it():
     assert ("silu_grad", "xenith_edu.swiglu.sigmoid") in DECLARED
     assert ("attention_bias_backward", "xenith_edu.attention.causal_mask") in DECLARED
 
