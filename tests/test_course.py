@@ -158,7 +158,7 @@ def test_canvas_and_moodle_files_have_their_documented_headers(course):
         canvas = list(csv.reader(f))
     assert canvas[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "lesson"]
     assert canvas[1][0] == "Points Possible" and canvas[1][5] == "6"
-    assert ["Alice A", "", "alice", "alice@uni.edu", "S1", "4"] in canvas
+    assert ["Alice A", "", "alice", "", "S1", "4"] in canvas  # one identifier: SIS User ID
     with (course["out"] / "grades.moodle.csv").open(newline="") as f:
         moodle = list(csv.reader(f))
     assert moodle[0] == ["Email address", "lesson"]  # the roster gives every e-mail
@@ -179,11 +179,15 @@ def test_feedback_is_one_self_contained_page_per_learner_with_strings_escaped(co
 
 def test_written_answers_are_gathered_graded_and_merged_without_losing_anything(course):
     sheet = course["out"] / "grades.written.csv"
+    key = {r["sheet_id"]: r["learner"] for r in table(course["out"] / "grades.written.key.csv")}
     lines = table(sheet)
-    by = {r["learner"]: r for r in lines}
+    assert "learner" not in lines[0]  # the sheet is anonymous: its key is a file apart
+    by = {key[r["sheet_id"]]: r for r in lines}
     assert set(by) == {"alice", "bob", "dan", HOSTILE}
     assert by["alice"]["answer"].startswith("Because dY") and by["alice"]["max_points"] == "2"
     assert by["alice"]["prompt"].startswith("Explain in two lines")
+    assert (by["alice"]["untouched"], by["bob"]["untouched"], by["dan"]["untouched"]) == \
+        ("", "", "yes")  # dan handed the answer cell back as it was
     by["alice"]["points"], by["alice"]["comment"] = "1.5", "=right, but say why W^T"
     by["bob"]["comment"] = "see me"  # commented, not yet graded
     with sheet.open("w", newline="", encoding="utf-8") as f:
@@ -202,7 +206,7 @@ def test_written_answers_are_gathered_graded_and_merged_without_losing_anything(
     raw = sheet.read_text()
     assert "'=right, but say why W^T" in raw  # neutralised in the CSV
     run(course, resume=True)  # again, without --written: the sheet keeps what was filled
-    again = {r["learner"]: r for r in table(sheet)}
+    again = {key[r["sheet_id"]]: r for r in table(sheet)}  # the same sheet ids
     assert again["alice"]["points"] == "1.5" and again["bob"]["comment"] == "see me"
     assert table(course["out"] / "grades.totals.csv")[0]["total"] == "5.5"
 

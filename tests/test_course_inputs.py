@@ -93,7 +93,7 @@ def test_the_late_options_are_checked(klass):
                          ({"deadline": DUE.isoformat(), "late_penalty": 2}, "from 0 to 1"),
                          ({"deadline": DUE.isoformat(), "late_cutoff": "2020-01-01T00:00"},
                           "before the deadline"),
-                         ({"export": ("blackboard",)}, "not one of canvas, moodle")):
+                         ({"export": ("blackboard",)}, "not one of canvas, canvas:id")):
         with pytest.raises(ValueError, match=words):
             grade(klass["subs"], out / "grades.csv", instructor=klass["inst"], **given)
     assert list(out.iterdir()) == []

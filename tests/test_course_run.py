@@ -86,7 +86,7 @@ def test_the_override_and_the_extension_apply_at_the_next_run(course):
     assert [r["Feedback"] for r in moodle if r["Email address"].startswith(who)] == \
         ["override: label_smoothing: 0.5"]
     page = (out / "feedback" / f"{who}.html").read_text(encoding="utf-8")
-    assert "Points set by the teacher (override): label_smoothing: 0.5" in page
+    assert "Points set by your teacher (override): label_smoothing: 0.5" in page
     assert "extended to 2026-12-03T12:00" in (out / "feedback" / f"{late}.html").read_text()
 
 

@@ -464,12 +464,12 @@ def test_the_command_writes_the_archive_and_says_its_points(tmp_path):
     assert "autograder timeout above 320 s" in out  # 2 x (120 + 10) + 10 x (2 + 1) + 30
     with zipfile.ZipFile(tmp_path / "a.zip") as z:
         assert json.loads(z.read(SETTINGS))["visibility"] == "after_due_date"
-        assert '.whl"\n' in z.read("setup.sh").decode()
+        assert '.whl[notebooks]"\n' in z.read("setup.sh").decode()  # the grader's own extra
     code, out, err = _cli("gradescope", str(tmp_path / "t"), "--out", str(tmp_path / "b.zip"),
                           "--extras", "torch", "hf", "torch")
     assert code == 0, err
     with zipfile.ZipFile(tmp_path / "b.zip") as z:
-        assert '-py3-none-any.whl[torch,hf]"\n' in z.read("setup.sh").decode()
+        assert '-py3-none-any.whl[notebooks,torch,hf]"\n' in z.read("setup.sh").decode()
 
 
 def test_bad_input_to_the_command_is_one_line(tmp_path):

@@ -299,7 +299,7 @@ def test_every_output_is_readable_by_the_group_and_no_wider_under_any_umask(
     parts = [Part("lesson.ipynb", {"ex": 1.0}, (Question("q", 2.0, "Why?"),))]
     entries = [course.Entry(i, f"{i}.ipynb", k) for k, i in enumerate(ids)]
     base = {e.key: [(e.learner, "lesson.ipynb", "ex", "passed", "", "")] for e in entries}
-    pol = course.Policy(None, LatePolicy(), {}, {}, out / "feedback", ("canvas", "moodle"))
+    pol = course.Policy(None, LatePolicy(), {}, {}, out / "feedback", ("canvas", "moodle:id"))
     old = os.umask(umask)
     try:
         Journal(out / "g.journal.jsonl", "key", resume=False).append({"learner": "x", "rows": []})

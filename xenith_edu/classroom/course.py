@@ -16,20 +16,21 @@ from pathlib import Path
 
 from . import late as lateness
 from . import overrides as override
-from .exports import csv_text, num, write_exports, write_feedback
-from .inputs import LatePolicy, Person, late_policy, read_filled, read_roster, read_timestamps
-from .names import escape_controls
+from .exports import check_exports, csv_text, exported, num, write_exports
+from .feedback import write_feedback
+from .inputs import LatePolicy, Person, late_policy, read_roster, read_timestamps
+from .names import escape_controls, fold
 from .outfiles import write_text
 from .points import Part
 from .report import write_report
 from .roster import COLLISION
 from .statuses import Row
+from .written import key_path, read_key, read_sheet, write_sheet
+from .written import note as untouched
 
 CSV_FIELDS = ("learner", "notebook", "exercise", "status", "points", "max_points", "late",
               "message", "mistake")  # mistake: the check's first diagnosis, as data
 TOTAL_FIELDS = ("learner", "name", "email", "submitted", "late", "total", "maximum", "percent")
-SHEET_FIELDS = ("learner", "notebook", "question", "max_points", "prompt", "answer", "points",
-                "comment")
 EXPORTS = ("canvas", "moodle")
 OPTIONS = ("roster", "timestamps", "written", "feedback", "export", "deadline", "late_penalty",
            "late_cutoff", "late_from_mtime", "late_rule", "extensions", "overrides"
@@ -76,6 +77,7 @@ class Policy:
     feedback: Path | None = None
     export: tuple[str, ...] = ()
     source: str = ""  # FROM_TIMESTAMPS, FROM_MTIME, or "" (no deadline: nobody is late)
+    key: dict = field(default_factory=dict)  # the written sheet's key: sheet id -> learner
     rule: str = "earned"  # late.RULES: a day late costs a percentage of which points
     extensions: dict[str, datetime] = field(default_factory=dict)  # learner -> own deadline
     overrides: dict = field(default_factory=dict)  # (learner, item) -> overrides.Override
@@ -110,11 +112,11 @@ def learners(entries: list[Entry], roster: list[Person] | None,
     ids = _ids(entries)
     shared = {e.learner for e in entries if ids[e.key] != e.learner
               or e.learner.removesuffix("/").removesuffix(".ipynb") in collided}
-    by_id = {ids[e.key]: e for e in entries}
+    by_id = {fold(ids[e.key]): (ids[e.key], e) for e in entries}  # as a disk ignores case
     out = []
     for p in roster or []:
-        out.append(Learner(p.id, by_id.pop(p.id, None), p))
-    for lid, e in by_id.items():
+        out.append(Learner(p.id, by_id.pop(fold(p.id), (None, None))[1], p))
+    for lid, e in by_id.values():
         note = "name shared with another submission" if e.learner in shared else \
             ("not on the roster" if roster is not None else "")
         out.append(Learner(lid, e, None, note))
@@ -123,21 +125,22 @@ def learners(entries: list[Entry], roster: list[Person] | None,
 
 def policy(roster: Path | None, late: LatePolicy, timestamps: Path | None,
            sheets: list[Path], entries: list[Entry], parts: list[Part],
-           feedback: Path | None = None, export: tuple[str, ...] = ()) -> Policy:
+           feedback: Path | None = None, export: tuple[str, ...] = (),
+           key: dict | None = None) -> Policy:
     """The policy, every file of it read and checked now: before anything is graded."""
     people = read_roster(roster) if roster is not None else None
-    ids = set(_ids(entries).values()) | {p.id for p in people or []}
+    klass = learners([e for e in entries if e.status != COLLISION], people)
+    ids = {p.id for p in klass}  # the one id of each learner, which the files' ids find
     times = read_timestamps(timestamps, ids) if timestamps is not None else {}
     questions = {q.id: q.points for part in parts for q in part.questions}
     filled: dict = {}
     for sheet in sheets:  # the sheet written last time, then the one the teacher gives
-        filled.update(read_filled(sheet, questions, ids))
-    for name in export:
-        if name not in EXPORTS:
-            raise ValueError(f"export: {name!r} is not one of {', '.join(EXPORTS)}")
+        filled.update(read_sheet(sheet, questions, ids, key or {}))
+    export = check_exports(export, exported(klass))  # each file's one identifier, now
     if feedback is not None and feedback.exists() and not feedback.is_dir():
         raise ValueError(f"feedback: {feedback} is a file: give a folder for the feedback")
-    return Policy(people, late, times, filled, feedback, tuple(dict.fromkeys(export)))
+    return Policy(people, late, times, filled, feedback, tuple(dict.fromkeys(export)),
+                  key=key or {})
 
 
 def adjustments(pol: Policy, given: dict, paths: dict, entries: list[Entry],
@@ -176,10 +179,9 @@ def _written_rows(learner: Learner, parts: list[Part], filled: dict) -> list[tup
                              ""))
                 continue
             points, comment = filled.get((learner.id, q.id), (None, ""))
-            answered = q.id in learner.entry.answers.get(part.notebook, {})
+            answer = learner.entry.answers.get(part.notebook, {}).get(q.id)
             status = Row.GRADED if points is not None else Row.TO_GRADE
-            note = comment or ("" if answered or points is not None else
-                               "no answer found in the notebook")
+            note = comment or ("" if points is not None else untouched(answer, q.stub))
             rows.append((learner.id, part.notebook, q.id, status, note, ""))
     return rows
 
@@ -318,22 +320,6 @@ def _adjusted(p: Learner, pol: Policy, earned: float, late: tuple[float, float]
 # The files.
 
 
-def sheet_rows(people: list[Learner], parts: list[Part], filled: dict) -> list[dict]:
-    """The sheet of written answers the teacher fills in, with what was filled so far."""
-    out = []
-    for learner in people:
-        if learner.entry is None:
-            continue
-        for part in parts:
-            for q in part.questions:
-                points, comment = filled.get((learner.id, q.id), (None, ""))
-                out.append(dict(zip(SHEET_FIELDS, (
-                    learner.id, part.notebook, q.id, num(q.points), q.prompt,
-                    learner.entry.answers.get(part.notebook, {}).get(q.id, ""),
-                    "" if points is None else num(points), comment), strict=True)))
-    return out
-
-
 def finish(out_csv: Path, entries: list[Entry], base: dict[str, list[tuple]],
            parts: list[Part], pol: Policy, meta: dict) -> list[dict]:
     """Write the CSV, the totals, the report, the written sheet, the feedback and the exports;
@@ -356,15 +342,14 @@ def finish(out_csv: Path, entries: list[Entry], base: dict[str, list[tuple]],
     write_text(out_csv, csv_text(CSV_FIELDS, rows))
     fields = [*TOTAL_FIELDS, *columns(pol), *(p.chapter for p in parts)]
     write_text(files["totals"], csv_text(fields, [{k: t[k] for k in fields} for t in lines]))
-    if any(part.questions for part in parts):
-        write_text(files["written"], csv_text(SHEET_FIELDS,
-                                              sheet_rows(people, parts, pol.filled)))
+    if any(part.questions for part in parts):  # the anonymous sheet, and its key apart
+        write_sheet(files["written"], people, parts, pol.filled, pol.key, meta.get("class"))
     questions = [q.id for part in parts for q in part.questions]
     write_report(out_csv.with_name(out_csv.stem + ".md"), rows,
                  {**meta, "csv": out_csv.name, "questions": questions}, people, lines)
     write_exports(files, pol.export, people, lines, parts)
     if pol.feedback is not None:
-        write_feedback(pol.feedback, people, rows, lines)
+        write_feedback(pol.feedback, people, rows, lines, parts)
     return rows
 
 
@@ -404,7 +389,7 @@ def from_options(given: dict, entries: list, parts: list, sheet: Path) -> Policy
     export = given.get("export") or ()
     export = (export,) if isinstance(export, str) else tuple(export)
     pol = policy(path["roster"], late, path["timestamps"], list(dict.fromkeys(sheets)),
-                 entries, parts, path["feedback"], export)
+                 entries, parts, path["feedback"], export, read_key(key_path(sheet)))
     pol.source = time_source(late, path["timestamps"], given.get("late_from_mtime"))
     adjustments(pol, given, path, entries, parts)
     return pol

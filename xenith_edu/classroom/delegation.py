@@ -18,18 +18,15 @@ from ..chapters import chapter
 from ..exercises import SPECS
 
 # What a learner may call although the exercise's reference calls it: the package's helpers
-# (workspace, the catalogue, the grader), every forward, and what each exercise declares
-# (Spec.may_call; until the exercise modules declare them, the grader's list here).
+# (workspace, the catalogue, the grader), every forward, and what the exercise itself declares
+# (`Spec.may_call`, in the exercise's module: the one place it is said).
 MAY_CALL_ALWAYS = ("xenith_edu.tools.", "xenith_edu.exercises.", "xenith_edu.classroom.")
-MAY_CALL = {"silu_grad": ("xenith_edu.swiglu.sigmoid",),
-            "attention_bias_backward": ("xenith_edu.attention.causal_mask",)}
 
 
 def may_call(spec, dotted: str) -> bool:
     """Whether a learner's function for `spec` may call the package function `dotted`."""
-    declared = (*getattr(spec, "may_call", ()), *MAY_CALL.get(spec.id, ()))
     return dotted.startswith(MAY_CALL_ALWAYS) or dotted.endswith("_forward") or \
-        "<locals>" in dotted or dotted in declared
+        "<locals>" in dotted or dotted in spec.may_call
 
 
 @functools.cache

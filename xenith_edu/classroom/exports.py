@@ -1,26 +1,19 @@
-"""What leaves the grader: CSV cells no spreadsheet runs, the gradebook files Canvas and Moodle
-import, and one self-contained feedback page per learner, every learner's string escaped.
+"""What leaves the grader: CSV cells no spreadsheet runs, and the gradebook files Canvas and
+Moodle import, each matched by one identifier the teacher chose (the pages: feedback.py).
 """
 
 from __future__ import annotations
 
 import csv
-import html
 import io
-import re
 from pathlib import Path
+from typing import NamedTuple
 
 from .inputs import safe_cell
-from .names import escape_controls, file_stems
-from .outfiles import make_folder, write_text
+from .names import escape_controls, fold
+from .outfiles import write_text
 
 CANVAS_FIXED = ("Student", "ID", "SIS User ID", "SIS Login ID", "Section")
-# The page asks for nothing: no script, no image, no font, no style sheet from anywhere.
-CSP = "default-src 'none'; style-src 'unsafe-inline'"
-STYLE = ("body{font-family:sans-serif;max-width:52em;margin:2em auto;padding:0 1em}"
-         "table{border-collapse:collapse;width:100%}td,th{border:1px solid #ccc;padding:.3em;"
-         "vertical-align:top;text-align:left}pre{white-space:pre-wrap;margin:0}"
-         ".passed,.graded{color:#1a7f37}.late{color:#b35900}")
 
 
 def csv_text(fields: tuple[str, ...] | list[str], rows: list[dict]) -> str:
@@ -41,30 +34,114 @@ def _lines(header: list[str], rows: list[list[str]]) -> str:
     return buf.getvalue()
 
 
-def canvas(people: list, lines: list[dict], parts: list) -> str:
+# The one identifier of each LMS's file, which the teacher chooses (`--export moodle:email`):
+# LMS -> identifier -> (its column, the roster's field). The file fills that column alone.
+IDENTIFIERS = {
+    "canvas": {"id": ("SIS User ID", "id"), "sis_login": ("SIS Login ID", "sis_login"),
+               "email": ("SIS Login ID", "email"), "canvas_id": ("ID", "canvas_id")},
+    "moodle": {"email": ("Email address", "email"), "id": ("ID number", "id")},
+}
+DEFAULT_ID = {"canvas": "id", "moodle": "email"}  # what `--export canvas` alone means
+EXPORT_CHOICES = tuple(f"{lms}{':' + key if key else ''}" for lms in IDENTIFIERS
+                       for key in ("", *IDENTIFIERS[lms]))
+
+
+class Export(NamedTuple):
+    """One LMS file asked for: the LMS, and the identifier its rows are matched by."""
+
+    lms: str  # "canvas" or "moodle"
+    key: str  # a key of IDENTIFIERS[lms]
+
+    @property
+    def column(self) -> str:
+        return IDENTIFIERS[self.lms][self.key][0]
+
+    @property
+    def field(self) -> str:
+        return IDENTIFIERS[self.lms][self.key][1]
+
+    def value(self, learner) -> str:
+        """The learner's identifier: the roster's field (the id: the learner's own)."""
+        if self.field == "id":
+            return learner.id
+        return getattr(learner.person, self.field, "") if learner.person else ""
+
+
+def parse_export(text: str) -> Export:
+    """`canvas`, `moodle`, or one with its identifier: `moodle:email`, `canvas:sis_login`."""
+    if text in EXPORT_CHOICES:
+        lms, _, key = str(text).partition(":")
+        return Export(lms, key or DEFAULT_ID[lms])
+    raise ValueError(f"export: {text!r} is not one of {', '.join(EXPORT_CHOICES)}")
+
+
+def check_identifiers(export: Export, people: list) -> None:
+    """Refuse, in one line, a file whose chosen identifier a learner lacks or two share:
+    the LMS would drop that learner's grade, or give it to another."""
+    where = f"export: {export.lms} by {export.field}"
+    if export.field != "id" and not any(p.person for p in people):
+        raise ValueError(f"{where}: give a roster (--roster) with a {export.field} column, or "
+                         f"choose --export {export.lms}:id")
+    lacking = [p.id for p in people if not export.value(p).strip()]
+    if lacking:
+        shown = ", ".join(map(escape_controls, lacking[:5])) + \
+            (f" and {len(lacking) - 5} more" if len(lacking) > 5 else "")
+        raise ValueError(f"{where}: {len(lacking)} learner(s) of the roster have no "
+                         f"{export.field} ({shown}): fill the roster's {export.field} column, or "
+                         "choose another identifier (" + ", ".join(
+                             f"{export.lms}:{k}" for k in IDENTIFIERS[export.lms]) + ")")
+    seen: dict[str, str] = {}
+    for p in people:
+        key = fold(export.value(p).strip())
+        if key in seen:
+            raise ValueError(f"{where}: {escape_controls(export.value(p))!r} is the "
+                             f"{export.field} of both {escape_controls(seen[key])} and "
+                             f"{escape_controls(p.id)}: give each learner their own")
+        seen[key] = p.id
+
+
+def check_exports(export: tuple[str, ...], people: list) -> tuple[str, ...]:
+    """The LMS files asked for, each LMS once, each identifier checked on `people` (the
+    learners the file would hold); ValueError in one line otherwise."""
+    chosen: dict[str, str] = {}
+    for name in export:
+        found = parse_export(name)
+        if chosen.get(found.lms, found.key) != found.key:
+            raise ValueError(f"export: {found.lms} is asked by {chosen[found.lms]} and by "
+                             f"{found.key}: choose one identifier for the whole file")
+        chosen[found.lms] = found.key
+        check_identifiers(found, people)
+    return tuple(f"{lms}:{key}" for lms, key in chosen.items())
+
+
+def canvas(people: list, lines: list[dict], parts: list, key: str = DEFAULT_ID["canvas"]
+           ) -> str:
     """Canvas's gradebook import: Student, ID, SIS User ID, SIS Login ID, Section, then one
-    column per assignment (a chapter here), after a "Points Possible" row."""
+    column per assignment (a chapter here), after a "Points Possible" row. Of the three
+    identifier columns, only the chosen one is filled: Canvas matches by it alone."""
+    export = Export("canvas", key)
     header = [*CANVAS_FIXED, *(p.chapter for p in parts), *_notes(lines, "Notes")]
     possible = ["Points Possible", "", "", "", "",
                 *(_possible(p) for p in parts), *_notes(lines, "")]
     rows = [possible]
+    ids = {column: i for i, column in enumerate(CANVAS_FIXED)}
     for learner, line in zip(people, lines, strict=True):
         person = learner.person
-        rows.append([person.name if person and person.name else learner.id,
-                     person.canvas_id if person else "", learner.id,
-                     (person.sis_login or person.email) if person else "",
-                     person.section if person else "", *(line[p.chapter] for p in parts),
-                     *_notes([line], _override_note(line))])
+        row = [person.name if person and person.name else learner.id, "", "", "",
+               person.section if person else "", *(line[p.chapter] for p in parts),
+               *_notes([line], _override_note(line))]
+        row[ids[export.column]] = export.value(learner)
+        rows.append(row)
     return _lines(header, rows)
 
 
-def moodle(people: list, lines: list[dict], parts: list) -> str:
-    """Moodle's grade import: an identifier column (the email address when the roster gives
-    every learner one, else the ID number), then one grade column per chapter."""
-    by_email = bool(people) and all(p.person and p.person.email for p in people)
-    header = ["Email address" if by_email else "ID number", *(p.chapter for p in parts),
-              *_notes(lines, "Feedback")]
-    rows = [[p.person.email if by_email else p.id, *(line[c.chapter] for c in parts),
+def moodle(people: list, lines: list[dict], parts: list, key: str = DEFAULT_ID["moodle"]
+           ) -> str:
+    """Moodle's grade import: the chosen identifier's column (Email address or ID number),
+    the same for every learner, then one grade column per chapter."""
+    export = Export("moodle", key)
+    header = [export.column, *(p.chapter for p in parts), *_notes(lines, "Feedback")]
+    rows = [[export.value(p), *(line[c.chapter] for c in parts),
              *_notes([line], _override_note(line))]
             for p, line in zip(people, lines, strict=True)]
     return _lines(header, rows)
@@ -89,79 +166,24 @@ def _possible(part) -> str:
     return num(sum(part.points.values()) + sum(q.points for q in part.questions))
 
 
+def exported(people: list) -> list:
+    """The learners an LMS file holds: a submission the roster does not name is left out (the
+    LMS would not know that learner)."""
+    return [p for p in people if p.note != "not on the roster"]
+
+
 def write_exports(files: dict[str, Path], export: tuple[str, ...], people: list,
                   lines: list[dict], parts: list) -> list[Path]:
-    """The LMS files asked for, next to the CSV; returns their paths. A submission the roster
-    does not name is left out: the LMS would not know that learner."""
+    """The LMS files asked for (`canvas`, `moodle:email`...), next to the CSV; returns their
+    paths. Only the learners of `exported` are in them."""
     known = [(p, line) for p, line in zip(people, lines, strict=True)
-             if p.note != "not on the roster"]
+             if p in exported([p])]
     people, lines = [p for p, _ in known], [line for _, line in known]
     written = []
     for name in export:
-        make = {"canvas": canvas, "moodle": moodle}[name]
-        write_text(files[name], make(people, lines, parts))
-        written.append(files[name])
+        lms, key = parse_export(name)
+        check_identifiers(Export(lms, key), people)  # checked before grading: stays true
+        make = {"canvas": canvas, "moodle": moodle}[lms]
+        write_text(files[lms], make(people, lines, parts, key))
+        written.append(files[lms])
     return written
-
-
-# ----------------------------------------------------------------------------------------------
-# Feedback: one page per learner.
-
-
-def _e(text: object) -> str:
-    return html.escape(escape_controls(text, "\n"), quote=True)
-
-
-def page(learner, rows: list[dict], line: dict) -> str:
-    """One learner's feedback: the total, the late mark, then each exercise's verdict,
-    points and message, and the teacher's comments on the written answers."""
-    name = learner.person.name if learner.person and learner.person.name else learner.id
-    title = f"Feedback for {name}"
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
-           f"<title>{_e(title)}</title><style>{STYLE}</style></head><body>",
-           f"<h1>{_e(title)}</h1>",
-           f"<p><strong>{_e(line['total'])} of {_e(line['maximum'])} points</strong> "
-           f"({_e(line['percent'])}%)</p>"]
-    if line["late"]:
-        out.append(f'<p class="late">Handed in {_e(line["late"])}.</p>')
-    out += _adjustments(line)
-    if line["submitted"] == "no":
-        out.append("<p>Nothing was handed in.</p>")
-    out += ["<table><tr><th>notebook</th><th>exercise</th><th>verdict</th><th>points</th>"
-            "<th>message</th></tr>"]
-    for r in rows:
-        points = f"{r['points']} of {r['max_points']}" if r["max_points"] else ""
-        status = re.sub(r"[^a-z]", "-", r["status"])
-        out.append(f"<tr><td>{_e(r['notebook'])}</td><td>{_e(r['exercise'])}</td>"
-                   f'<td class="{status}">{_e(r["status"])}</td><td>{_e(points)}</td>'
-                   f"<td><pre>{_e(r['message'])}</pre></td></tr>")
-    out += ["</table>", "</body></html>", ""]
-    return "\n".join(out)
-
-
-def _adjustments(line: dict) -> list[str]:
-    """The page's lines of the course's adjustments: the late deduction itemized (earned,
-    deduction, total), the learner's extended deadline, the teacher's overrides."""
-    out = []
-    if line.get("deduction") and float(line["deduction"]):
-        out.append(f'<p class="late">Points earned {_e(line["earned"])}, late deduction '
-                   f'&minus;{_e(line["deduction"])} ({_e(line["rule"])}), total '
-                   f'{_e(line["total"])}.</p>')
-    if line.get("extended deadline"):
-        out.append(f"<p>Your deadline was extended to {_e(line['extended deadline'])}.</p>")
-    if line.get("overrides"):
-        out.append(f"<p>Points set by the teacher (override): {_e(line['overrides'])}.</p>")
-    return out
-
-
-def write_feedback(folder: Path, people: list, rows: list[dict], lines: list[dict]) -> None:
-    """One page per learner into `folder`, named after the learner."""
-    make_folder(folder)
-    mine: dict[str, list[dict]] = {}
-    for r in rows:
-        mine.setdefault(r["learner"], []).append(r)
-    stems = file_stems([p.id for p in people])
-    for learner, line in zip(people, lines, strict=True):
-        write_text(folder / f"{stems[learner.id]}.html",
-                          page(learner, mine.get(learner.id, []), line))

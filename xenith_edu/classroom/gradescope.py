@@ -46,19 +46,24 @@ PACKAGE = "xenith-edu"
 
 SETUP = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder's image: Python 3.10 or
-# newer, a virtual environment, and the package from the wheel in this archive (its
-# dependencies, numpy, matplotlib, nbformat, nbclient, ipykernel..., come from PyPI).
+# newer (from apt when the image has no python3 with venv), a virtual environment, and the
+# package from the wheel in this archive with the notebook tooling the grader runs (nbformat,
+# IPython). Each dependency comes from the wheels in dist/ when the archive holds them
+# (xenith-edu gradescope --wheels), else from PyPI; with PIP_NO_INDEX=1, from dist/ alone.
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT="${XENITH_AUTOGRADER_ROOT:-/autograder}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -q
-apt-get install -y -q --no-install-recommends python3 python3-venv python3-pip
+if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends python3 python3-venv python3-pip
+fi
 python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "xenith-edu needs \
 Python 3.10 or newer: choose a newer base image (Ubuntu 22.04 or later) in Gradescope")'
 python3 -m venv "$ROOT/xenith-venv"
-"$ROOT/xenith-venv/bin/python" -m pip install --no-cache-dir -q "./dist/@WHEEL@@EXTRAS@"
-"$ROOT/xenith-venv/bin/python" -c 'import xenith_edu.classroom.gradescope'
+"$ROOT/xenith-venv/bin/python" -m pip install --no-cache-dir -q --find-links ./dist \
+  "./dist/@WHEEL@@EXTRAS@"
+"$ROOT/xenith-venv/bin/python" -I -c 'import xenith_edu.classroom.gradescope, nbformat, IPython'
 """
 
 RUN = """#!/usr/bin/env bash
@@ -98,24 +103,67 @@ def _selected(notebooks: Path, chapters: list[str] | None) -> list[Path]:
     return [found[c] for c in dict.fromkeys(chapters)]
 
 
-def package_wheel() -> tuple[str, bytes]:
-    """A wheel of the package as it is installed here (its files and its metadata): built
-    without a network, a build backend or a write to the source tree."""
-    import xenith_edu  # the package itself, whose files the wheel holds
+def _clone_requirements() -> list[str] | None:
+    """The Requires-Dist and Provides-Extra lines of the clone's pyproject.toml when the
+    package runs from a clone (an editable install, whose installed metadata may be older than
+    its files: a dependency added since is missing there); None elsewhere."""
+    try:
+        import tomllib  # Python 3.11 or newer; on 3.10 the installed metadata stands
+    except ImportError:
+        return None
+    import xenith_edu  # where the package's files are
+
+    path = Path(xenith_edu.__file__).resolve().parent.parent / "pyproject.toml"
+    try:
+        project = tomllib.loads(path.read_text(encoding="utf-8"))["project"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(project, dict) or project.get("name") != PACKAGE:
+        return None
+    lines = [f"Requires-Dist: {r}" for r in project.get("dependencies", [])]
+    for extra, reqs in project.get("optional-dependencies", {}).items():
+        lines.append(f"Provides-Extra: {extra}")
+        for req in reqs:
+            spec, _, marker = req.partition(";")
+            when = f"({marker.strip()}) and " if marker.strip() else ""
+            lines.append(f'Requires-Dist: {spec.strip()}; {when}extra == "{extra}"')
+    return lines
+
+
+def package_metadata() -> str:
+    """The METADATA of the package's wheel: the installed one, with the version of the files
+    and, in a clone, the dependencies and extras of its pyproject.toml."""
+    import xenith_edu  # the package itself, whose version the files state
 
     dist = importlib.metadata.distribution(PACKAGE)
-    name, version = "xenith_edu", dist.version
-    info = f"{name}-{version}.dist-info"
-    root = Path(xenith_edu.__file__).parent
-    files = {f"{name}/{p.relative_to(root).as_posix()}": p.read_bytes()
-             for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts
-             and p.suffix not in (".pyc", ".pyo")}
     # an editable install's metadata may be found as an egg-info (PKG-INFO, the same format)
     meta = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
     if not any(line.startswith("Name:") for line in meta.splitlines()):
         raise ValueError(f"the installed {PACKAGE} has no readable metadata: reinstall it, or "
                          "give its wheel with --dist")
-    files[f"{info}/METADATA"] = meta.encode()
+    head, blank, body = meta.partition("\n\n")
+    lines = [f"Version: {xenith_edu.__version__}" if line.startswith("Version:") else line
+             for line in head.splitlines()]
+    clone = _clone_requirements()
+    if clone is not None:
+        lines = [line for line in lines
+                 if not line.startswith(("Requires-Dist:", "Provides-Extra:"))] + clone
+    return "\n".join(lines) + "\n" + (blank + body if blank else "")
+
+
+def package_wheel() -> tuple[str, bytes]:
+    """A wheel of the package as it is installed here (its files and their metadata): built
+    without a network, a build backend or a write to the source tree."""
+    import xenith_edu  # the package itself, whose files the wheel holds
+
+    dist = importlib.metadata.distribution(PACKAGE)
+    name, version = "xenith_edu", xenith_edu.__version__
+    info = f"{name}-{version}.dist-info"
+    root = Path(xenith_edu.__file__).parent
+    files = {f"{name}/{p.relative_to(root).as_posix()}": p.read_bytes()
+             for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts
+             and p.suffix not in (".pyc", ".pyo")}
+    files[f"{info}/METADATA"] = package_metadata().encode()
     files[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: xenith-edu gradescope\n"
                               b"Root-Is-Purelib: true\nTag: py3-none-any\n")
     files[f"{info}/entry_points.txt"] = (dist.read_text("entry_points.txt") or "").encode()
@@ -172,26 +220,44 @@ class Archive:
     seconds: float
 
 
+GRADER_EXTRA = "notebooks"  # what the grader itself runs: nbformat, IPython's transformation
+
+
 def _extras(extras: list[str] | None) -> str:
-    """The package's extras that setup.sh installs too, as pip's suffix: [torch,hf]."""
-    if not extras:
-        return ""
-    known = importlib.metadata.distribution(PACKAGE).metadata.get_all("Provides-Extra") or []
-    for extra in extras:
+    """The package's extras that setup.sh installs, as pip's suffix: the grader's own, then
+    the teacher's ([notebooks,torch,hf])."""
+    known = [line.split(":", 1)[1].strip() for line in package_metadata().splitlines()
+             if line.startswith("Provides-Extra:")]
+    for extra in extras or []:
         if extra not in known:
             raise ValueError(f"extras: {extra!r} is not an extra of {PACKAGE}: choose among "
                              f"{', '.join(known)}")
-    return "[" + ",".join(dict.fromkeys(extras)) + "]"
+    return "[" + ",".join(dict.fromkeys([GRADER_EXTRA, *(extras or [])])) + "]"
+
+
+def _wheels(wheels: Path | None) -> list[tuple[str, bytes]]:
+    """The dependency wheels the archive carries into dist/ (setup.sh installs from them
+    first): every *.whl of the folder `wheels`."""
+    if wheels is None:
+        return []
+    found = sorted(p for p in wheels.glob("*.whl") if p.is_file()) if wheels.is_dir() else []
+    if not found:
+        raise ValueError(f"wheels: no wheel (.whl) in {wheels}: fill it with pip download "
+                         f"\"{PACKAGE}[{GRADER_EXTRA}]\" -d {wheels} (on the platform of "
+                         "Gradescope's image), or leave --wheels out")
+    return [(p.name, p.read_bytes()) for p in found]
 
 
 def build(notebooks: Path, out: Path, chapters: list[str] | None = None, *,
-          dist: Path | None = None, extras: list[str] | None = None, timeout: float = 120.0,
+          dist: Path | None = None, extras: list[str] | None = None,
+          wheels: Path | None = None, timeout: float = 120.0,
           call_time: float = 10.0, memory: int | None = None, visibility: str = "visible"
           ) -> Archive:
     """Write the autograder archive `out` (a .zip) for the teacher's notebooks in `notebooks`
     (those of `chapters`, by file name without .ipynb; default all). `dist`: the package's
     wheel or sdist to install (default: a wheel of the package installed here), with its
-    `extras` (the torch chapter needs "torch"). Returns the assignment's parts (points and
+    `extras` (the torch chapter needs "torch"); `wheels`: a folder of the dependencies' wheels
+    for dist/, so that setup.sh needs no index. Returns the assignment's parts (points and
     written questions) and the grader's longest run. Raises ValueError naming the argument.
     """
     from .grading import Options, sandbox_seconds  # the grader's own budget
@@ -205,6 +271,7 @@ def build(notebooks: Path, out: Path, chapters: list[str] | None = None, *,
         raise ValueError(f"out: the folder {out.parent} does not exist")
     paths = _selected(notebooks, chapters)
     wheel, data = _dist(dist)
+    carried = [(f"dist/{name}", blob, 0o644) for name, blob in _wheels(wheels) if name != wheel]
     with tempfile.TemporaryDirectory(prefix="xenith-gradescope-") as tmp:
         teacher, student = Path(tmp) / "teacher", Path(tmp) / INSTRUCTOR
         teacher.mkdir()
@@ -221,7 +288,7 @@ def build(notebooks: Path, out: Path, chapters: list[str] | None = None, *,
         members = [("setup.sh", setup.encode(), 0o755),
                    ("run_autograder", RUN.encode(), 0o755),
                    (SETTINGS, (json.dumps(settings, indent=1) + "\n").encode(), 0o644),
-                   (f"dist/{wheel}", data, 0o644)]
+                   (f"dist/{wheel}", data, 0o644), *carried]
         members += [(f"{INSTRUCTOR}/{n}", (student / n).read_bytes(), 0o644) for n in names]
 
     def write(f) -> None:

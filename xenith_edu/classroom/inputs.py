@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from .names import canonical
+from .names import canonical, finder, fold
 
 MAX_BYTES = 128 << 20  # a roster or sheet larger than this is not one
 TRIGGERS = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet takes for a formula (OWASP)
@@ -127,7 +127,7 @@ def read_roster(path: Path) -> list[Person]:
         if not row["id"]:
             raise ValueError(f"{path.name}, row {n}: the id is empty: give every learner the "
                              "name of their submission (alice for alice.ipynb)")
-        _unique(path, n, row["id"], seen, f"the id {row['id']!r}")
+        _unique(path, n, fold(row["id"]), seen, f"the id {row['id']!r}")  # as a disk
         people.append(Person(row["id"], *(row.get(k, "") for k in
                                           ("name", "email", "section", "sis_login",
                                            "canvas_id"))))
@@ -148,13 +148,14 @@ def read_timestamps(path: Path, learners: set[str]) -> dict[str, datetime]:
     """The submission times an LMS exports: columns `id` and `submitted` (ISO 8601)."""
     out: dict[str, datetime] = {}
     seen: set = set()
+    known = finder(learners)  # an id finds its learner with or without case
     for n, row in _table(path, "timestamps file", ("id", "submitted")):
-        _unique(path, n, row["id"], seen, f"the id {row['id']!r}")
-        if row["id"] not in learners:
+        _unique(path, n, fold(row["id"]), seen, f"the id {row['id']!r}")
+        if fold(row["id"]) not in known:
             raise ValueError(f"{path.name}, row {n}: {row['id']!r} is neither a submission nor "
                              "on the roster: correct the id or remove the row")
         if row["submitted"]:
-            out[row["id"]] = parse_time(row["submitted"], f"{path.name}, row {n}")
+            out[known[fold(row["id"])]] = parse_time(row["submitted"], f"{path.name}, row {n}")
     return out
 
 
@@ -163,9 +164,11 @@ def read_filled(path: Path, questions: dict[str, float], learners: set[str]
     """The teacher's filled sheet of written answers: (learner, question) -> (points or None
     when not yet graded, comment). `questions` maps each question to its points."""
     out: dict[tuple[str, str], tuple[float | None, str]] = {}
+    known = finder(learners)  # an id finds its learner with or without case
     for n, row in _table(path, "sheet of written answers",
                          ("learner", "question", "points", "comment")):
         learner, question = row["learner"], row["question"]
+        learner = known.get(fold(learner), learner)
         where = f"{path.name}, row {n}"
         if question not in questions:
             raise ValueError(f"{where}: no written question {question!r} in the teacher's "

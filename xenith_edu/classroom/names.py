@@ -27,6 +27,12 @@ def fold(name: str) -> str:
     return unicodedata.normalize("NFC", canonical(name).casefold())
 
 
+def finder(ids) -> dict[str, str]:
+    """fold(id) -> id: how an id a teacher's file gives (the roster, the timestamps, the
+    sheet) finds its learner, with or without case, as the disk that held the submission."""
+    return {fold(i): i for i in ids}
+
+
 def escape_controls(text: object, keep: str = "") -> str:
     """`text` with every control or format character (but those in `keep`, such as a
     message's line breaks) written as a \\x, \\u escape."""

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+WRITTEN_TAG = "written-answer"  # a markdown cell that holds a written answer
 SKIP_TAG = "skip-grading"  # a code cell grading does not run (a long training run, a figure)
 MAX_NOTEBOOK = 64 << 20  # bytes of a learner's notebook read at all
 MAX_ANSWER = 20_000  # characters of one written answer kept
@@ -34,6 +35,14 @@ def _nbgrader(cell: dict) -> dict:
     meta = cell.get("metadata")
     found = meta.get("nbgrader") if isinstance(meta, dict) else None
     return found if isinstance(found, dict) else {}
+
+
+def is_written(cell: dict) -> bool:
+    """A markdown cell that holds a written answer: tagged WRITTEN_TAG, or nbgrader's
+    manually graded answer (solution and grade)."""
+    meta = _nbgrader(cell)
+    return cell.get("cell_type") == "markdown" and (
+        WRITTEN_TAG in _tags(cell) or (meta.get("solution") is True and meta.get("grade") is True))
 
 
 def cell_key(cell: dict) -> str | None:

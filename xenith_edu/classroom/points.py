@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import nbread
-from .nbread import SKIP_TAG, _nbgrader, _source, _tags, blank_skipped, cell_key  # noqa: F401
+from .nbread import SKIP_TAG, _nbgrader, _source, blank_skipped, cell_key, is_written  # noqa: F401
 from .roster import Exercise
+from .student import TEXT_STUB
+from .written import student_answer
 
-WRITTEN_TAG = "written-answer"  # a markdown cell that holds a written answer
 DEFAULT_POINTS = 1.0
 
 
@@ -28,6 +29,7 @@ class Question:
     id: str
     points: float
     prompt: str
+    stub: str = TEXT_STUB  # the answer cell as the student version hands it out
 
 
 @dataclass(frozen=True)
@@ -45,12 +47,13 @@ class Part:
 
     def as_dict(self) -> dict:
         return {"notebook": self.notebook, "points": self.points,
-                "questions": [[q.id, q.points, q.prompt] for q in self.questions]}
+                "questions": [[q.id, q.points, q.prompt, q.stub] for q in self.questions]}
 
     @classmethod
     def from_dict(cls, d: dict) -> Part:
         return cls(str(d["notebook"]), {str(k): float(v) for k, v in d["points"].items()},
-                   tuple(Question(str(i), float(p), str(t)) for i, p, t in d["questions"]))
+                   tuple(Question(str(i), float(p), str(t), *map(str, stub))
+                         for i, p, t, *stub in d["questions"]))
 
 
 def _points(cell: dict, where: str) -> float | None:
@@ -62,12 +65,6 @@ def _points(cell: dict, where: str) -> float | None:
         raise ValueError(f"{where}: metadata.nbgrader.points is {points!r}: give a number of "
                          "points, 0 or more")
     return float(points)
-
-
-def is_written(cell: dict) -> bool:
-    meta = _nbgrader(cell)
-    return cell.get("cell_type") == "markdown" and (
-        WRITTEN_TAG in _tags(cell) or (meta.get("solution") is True and meta.get("grade") is True))
 
 
 def read_part(path: Path, exercises: list[Exercise]) -> Part:
@@ -92,7 +89,8 @@ def read_part(path: Path, exercises: list[Exercise]) -> Part:
                 raise ValueError(f"{where}: a second written answer with the id {key!r}: give "
                                  "each its own nbgrader grade_id")
             points = _points(cell, where)
-            questions.append(Question(key, DEFAULT_POINTS if points is None else points, prompt))
+            questions.append(Question(key, DEFAULT_POINTS if points is None else points, prompt,
+                                      student_answer(_source(cell))))
         elif cell.get("cell_type") == "markdown":
             prompt = " ".join(_source(cell).split())[:300]
     return Part(path.name, {e.id: found.get(e.id, DEFAULT_POINTS) for e in exercises},

@@ -175,7 +175,8 @@ def gather(shard_csvs: list[Path]) -> tuple[list[course.Entry], dict, list[Part]
     metas = [f["meta"] for _, f in shards]
     meta = {"jobs": sum(m.get("jobs", 1) for m in metas),
             "seconds": max(m.get("seconds", 0) for m in metas),
-            "sandbox": metas[0].get("sandbox", "")}
+            "sandbox": metas[0].get("sandbox", ""),
+            "class": shards[0][1]["identity"]}  # the written sheet's ids are drawn under it
     return entries, base, shards[0][1]["parts"], meta
 
 

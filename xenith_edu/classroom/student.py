@@ -90,8 +90,18 @@ def _drop_solution_blocks(source: str) -> str:
     return "\n".join(out)
 
 
+def answer_stub(source: str, where: str = "") -> str:
+    """The student version of a written answer's cell: its solution regions stubbed; a cell
+    without one is the model answer itself, replaced whole by TEXT_STUB as nbgrader does,
+    unless it already is a student version (it holds TEXT_STUB)."""
+    text, changed = _strip_regions(source, where, code=False)
+    return text if changed or TEXT_STUB in text else TEXT_STUB
+
+
 def _student_notebook(nb, name: str):  # nb: nbformat.NotebookNode
     """The student version of one notebook, built in place on `nb` (a private copy)."""
+    from .nbread import is_written  # the one rule of a written answer's cell
+
     cells = []
     in_gated = False
     for index, cell in enumerate(nb.cells):
@@ -110,6 +120,9 @@ def _student_notebook(nb, name: str):  # nb: nbformat.NotebookNode
         elif in_gated:
             continue  # code inside a gated solution goes with it
         new_source, changed = _strip_regions(source, where, code=cell.cell_type == "code")
+        if cell.cell_type == "markdown" and is_written(cell):  # never the model answer
+            new_source = answer_stub(source, where)
+            changed = changed or new_source != source
         cell.source = new_source
         if changed:
             tags = [t for t in cell.metadata.get("tags", []) if t != "hide-input"]

@@ -107,6 +107,9 @@ def _add_course_tools(sub: argparse._SubParsersAction) -> None:
                    "(default: a wheel of the package installed here)")
     p.add_argument("--extras", nargs="+", metavar="EXTRA", help="the package's extras to "
                    "install too (torch for the PyTorch chapter, hf torch for the LLaMA one)")
+    p.add_argument("--wheels", metavar="DIR", help="a folder of the dependencies' wheels to "
+                   "carry in the archive (pip download \"xenith-edu[notebooks]\" -d DIR): "
+                   "setup.sh installs from them before PyPI, and without PyPI at all")
     p.add_argument("--timeout", type=_positive_float, default=120.0,
                    help="seconds allowed per notebook (default: 120)")
     p.add_argument("--memory", type=_positive_float, metavar="GIB",
@@ -132,6 +135,7 @@ def _cmd_gradescope(args: argparse.Namespace) -> int:
 
     made = build(Path(args.notebooks), Path(args.out), args.chapters,
                  dist=None if args.dist is None else Path(args.dist), extras=args.extras,
+                 wheels=None if args.wheels is None else Path(args.wheels),
                  timeout=args.timeout, visibility=args.visibility,
                  memory=None if args.memory is None else int(args.memory * 2**30))
     parts = made.parts
@@ -319,9 +323,15 @@ def _add_course_options(p: argparse.ArgumentParser) -> None:
                    help="the sheet of written answers, with the points and comments filled in")
     g.add_argument("--feedback", metavar="DIR", default=None,
                    help="write one self-contained HTML page of feedback per learner into DIR")
-    g.add_argument("--export", action="append", choices=["canvas", "moodle"], default=[],
-                   help="write the gradebook import file of this LMS next to --out "
-                   "(repeatable)")
+    from ..classroom.exports import EXPORT_CHOICES  # the LMS files' one table (no NumPy)
+
+    g.add_argument("--export", action="append", choices=EXPORT_CHOICES, default=[],
+                   metavar="LMS[:ID]",
+                   help="write the gradebook import file of this LMS next to --out, its rows "
+                   "matched by one identifier for the whole file (repeatable): "
+                   f"{', '.join(EXPORT_CHOICES)}; canvas alone is canvas:id (the roster's id "
+                   "as SIS User ID), moodle alone is moodle:email. A learner of the roster "
+                   "without the identifier, or two with one, is refused before grading")
 
 
 def _fraction(s: str) -> float:

@@ -197,6 +197,7 @@ SILU = Spec(
     mistakes=_silu_grad_mistakes,
     terms=_silu_terms,
     floor=lambda args: {"dz": 1.0},
+    may_call=("xenith_edu.swiglu.sigmoid",),
 )
 
 

@@ -232,6 +232,7 @@ BIAS = Spec(
            "hd**0.5, dv = P^T @ dout; dbias = dZ.sum(axis=0).",
            "dbias[h] = sum over b of P[b, h] * (dP[b, h] - rowsum(P[b, h] * dP[b, h])), "
            "(H, S, S), zero above the diagonal; no 1/sqrt(hd) in it."),
+    may_call=("xenith_edu.attention.causal_mask",),
 )
 
 
