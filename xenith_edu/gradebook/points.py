@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import nbread
-from .nbread import SKIP_TAG, _nbgrader, _source, _tags, blank_skipped, cell_key  # noqa: F401
-from .roster import Exercise
+from ..grader import nbread
+from ..grader.nbread import SKIP_TAG, _nbgrader, _source, _tags, blank_skipped, cell_key  # noqa: F401
+from ..grader.roster import Exercise
 
 WRITTEN_TAG = "written-answer"  # a markdown cell that holds a written answer
 DEFAULT_POINTS = 1.0
@@ -72,7 +72,7 @@ def is_written(cell: dict) -> bool:
 
 def read_part(path: Path, exercises: list[Exercise]) -> Part:
     """The points of `exercises` in the teacher's notebook `path`, and its written questions."""
-    from .student import _read_notebook  # nbformat, imported by the reader of notebooks
+    from ..booktools.student import _read_notebook  # nbformat, imported by the reader of notebooks
 
     cells = _read_notebook(path).cells
     found: dict[str, float] = {}
@@ -102,7 +102,7 @@ def read_part(path: Path, exercises: list[Exercise]) -> Part:
 def read_parts(instructor: Path | None, teacher: list[tuple[str, list[Exercise]]]
                ) -> list[Part]:
     """The course's parts: one per teacher's notebook that is graded."""
-    from .roster import _instructor  # the one rule of where the teacher's notebooks are
+    from ..grader.roster import _instructor  # the one rule of where the teacher's notebooks are
 
     paths = {p.name: p for p in _instructor(instructor)}
     return [read_part(paths[name], exercises) for name, exercises in teacher]

@@ -10,8 +10,8 @@ import io
 import re
 from pathlib import Path
 
+from ..grader.names import escape_controls, file_stems
 from .inputs import safe_cell
-from .names import escape_controls, file_stems
 from .outfiles import make_folder, write_text
 
 CANVAS_FIXED = ("Student", "ID", "SIS User ID", "SIS Login ID", "Section")

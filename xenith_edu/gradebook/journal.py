@@ -15,8 +15,8 @@ import stat
 import threading
 from pathlib import Path
 
+from ..grader.roster import walk
 from .outfiles import write_text
-from .roster import walk
 
 VERSION = 3
 
