@@ -33,7 +33,7 @@ class BuildPyWithChapters(build_py):
             shutil.copyfile(notebook, target / notebook.name)
         sys.path.insert(0, str(ROOT))  # this source's package makes the student versions
         try:
-            from xenith_edu.classroom.student import make_student_versions
+            from xenith_edu.booktools.student import make_student_versions
 
             make_student_versions(source, target / "student")
         finally:

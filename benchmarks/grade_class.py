@@ -37,7 +37,7 @@ def make_class(subs: Path, learners: int) -> None:
 def run(src: Path, subs: Path, out: Path, jobs: int) -> tuple[float, dict]:
     """Grade the class with the package of `src`, in a fresh process: (seconds, statuses)."""
     code = ("import json, sys, time, collections; sys.path.insert(0, sys.argv[1]); "
-            "from xenith_edu.classroom import grade; t0 = time.perf_counter(); "
+            "from xenith_edu.gradebook import grade; t0 = time.perf_counter(); "
             "rows = grade(sys.argv[2], sys.argv[3], instructor=sys.argv[4], jobs=int(sys.argv[5]),"
             " seed=0); print(json.dumps([time.perf_counter() - t0, "
             "collections.Counter(r['status'] for r in rows)]))")

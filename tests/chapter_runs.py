@@ -24,10 +24,10 @@ import nbformat
 from nbclient import NotebookClient
 
 from xenith_edu import chapters
-from xenith_edu.classroom.points import SKIP_TAG
-from xenith_edu.classroom.student import make_student_versions
+from xenith_edu.booktools.student import make_student_versions
 from xenith_edu.exercises import GRADE_LOG_ENV
 from xenith_edu.exercises.progress import FILE_NAME as PROGRESS_FILE  # the learner's own record
+from xenith_edu.gradebook.points import SKIP_TAG
 
 ROOT = Path(__file__).resolve().parents[1]
 

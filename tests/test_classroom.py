@@ -14,8 +14,9 @@ import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from xenith_edu.classroom import grade, make_student_versions
+from xenith_edu.booktools import make_student_versions
 from xenith_edu.exercises import GRADE_LOG_ENV
+from xenith_edu.gradebook import grade
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -257,7 +258,7 @@ def test_grade_skips_its_own_files_inside_the_folder(tmp_path):
 
 
 def test_without_bubblewrap_the_grader_says_so_and_still_judges(tmp_path, monkeypatch, capsys):
-    from xenith_edu.classroom import sandbox
+    from xenith_edu.grader import sandbox
 
     monkeypatch.setattr(sandbox, "bwrap", lambda: None)
     inst = write(chapter(), tmp_path / "inst.ipynb")

@@ -238,7 +238,7 @@ def test_help_explains_every_option(command, options, capsys):
         assert option in out
 
 
-def _fake_classroom(monkeypatch, calls, error=None):
+def _fake_rooms(monkeypatch, calls, error=None):
     def make_student_versions(src, out):
         calls.append(("student", src, out))
         if error:
@@ -252,15 +252,18 @@ def _fake_classroom(monkeypatch, calls, error=None):
 
         return [{"status": "passed"}, {"status": "failed"}]
 
-    fake = types.ModuleType("xenith_edu.classroom")
-    fake.make_student_versions, fake.grade = make_student_versions, grade
-    monkeypatch.setitem(sys.modules, "xenith_edu.classroom", fake)
-    monkeypatch.setattr(xenith_edu, "classroom", fake, raising=False)
+    for room, names in (("booktools", {"make_student_versions": make_student_versions}),
+                        ("gradebook", {"grade": grade})):
+        fake = types.ModuleType(f"xenith_edu.{room}")
+        for name, value in names.items():
+            setattr(fake, name, value)
+        monkeypatch.setitem(sys.modules, f"xenith_edu.{room}", fake)
+        monkeypatch.setattr(xenith_edu, room, fake, raising=False)
 
 
-def test_student_and_grade_call_the_classroom(monkeypatch, capsys):
+def test_student_and_grade_call_their_rooms(monkeypatch, capsys):
     calls = []
-    _fake_classroom(monkeypatch, calls)
+    _fake_rooms(monkeypatch, calls)
     rc, out, _ = run(["student", "notebooks", "--out", "students"], capsys)
     assert rc == 0 and out == "wrote 1 student notebook(s) into students\n"
     rc, out, _ = run(["grade", "subs", "--out", "grades.csv", "--timeout", "30"], capsys)
@@ -271,8 +274,8 @@ def test_student_and_grade_call_the_classroom(monkeypatch, capsys):
                      ("grade", Path("subs"), Path("grades.csv"), None)]
 
 
-def test_classroom_errors_become_one_line(monkeypatch, capsys):
-    _fake_classroom(monkeypatch, [], error="src 'x' is not a notebook:\npass an .ipynb file")
+def test_the_rooms_errors_become_one_line(monkeypatch, capsys):
+    _fake_rooms(monkeypatch, [], error="src 'x' is not a notebook:\npass an .ipynb file")
     for argv in (["student", "x", "--out", "y"], ["grade", "x", "--out", "g.csv"]):
         rc, out, err = run(argv, capsys)
         assert rc == 1

@@ -69,12 +69,12 @@ def test_every_module_the_layout_table_names_exists() -> None:
 def test_the_grader_recipe_names_files_that_exist() -> None:
     text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
     recipe = text[text.index("### Change the grader"):text.index("### Style")]
-    paths = re.findall(r"`((?:classroom|exercises)/\w+\.py)", recipe)
+    paths = re.findall(r"`((?:booktools|grader|gradebook|exercises)/\w+\.py)", recipe)
     assert paths, "the grader recipe names no file"
     gone = [p for p in paths if not (ROOT / "xenith_edu" / p).is_file()]
     assert gone == [], gone
     # each status has one home: the grader's own are the rows' statuses
-    assert "`Row` in `classroom/statuses.py`" in recipe
+    assert "`Row` in `grader/statuses.py`" in recipe
 
 
 def mypy_files() -> list[str]:

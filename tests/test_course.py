@@ -18,8 +18,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from xenith_edu.classroom import grade
-from xenith_edu.classroom.inputs import safe_cell, unsafe_cell
+from xenith_edu.gradebook import grade
+from xenith_edu.gradebook.inputs import safe_cell, unsafe_cell
 
 IMPORTS = "import numpy as np\nfrom xenith_edu.exercises import check_linear_backward, " \
           "check_silu_grad"

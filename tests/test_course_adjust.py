@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xenith_edu.classroom import course, inputs, late
-from xenith_edu.classroom.inputs import LatePolicy, Person
-from xenith_edu.classroom.overrides import MARK, Override, read_overrides
-from xenith_edu.classroom.points import Part, Question
-from xenith_edu.classroom.statuses import Row
+from xenith_edu.gradebook import course, inputs, late
+from xenith_edu.gradebook.inputs import LatePolicy, Person
+from xenith_edu.gradebook.overrides import MARK, Override, read_overrides
+from xenith_edu.gradebook.points import Part, Question
+from xenith_edu.grader.statuses import Row
 
 DUE = datetime(2026, 11, 20, 23, 59, tzinfo=timezone.utc)
 ROUND = 1.5e-4  # the files show points rounded to 4 decimals (exports.num): three roundings

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from test_course import lesson, write
 
 from xenith_edu import cli
-from xenith_edu.classroom import course, grade
-from xenith_edu.classroom.exports import (
+from xenith_edu.gradebook import course, grade
+from xenith_edu.gradebook.exports import (
     CANVAS_FIXED,
     EXPORT_CHOICES,
     IDENTIFIERS,
@@ -32,9 +32,9 @@ from xenith_edu.classroom.exports import (
     moodle,
     parse_export,
 )
-from xenith_edu.classroom.inputs import LatePolicy, Person, read_roster
-from xenith_edu.classroom.names import fold
-from xenith_edu.classroom.points import Part
+from xenith_edu.gradebook.inputs import LatePolicy, Person, read_roster
+from xenith_edu.gradebook.points import Part
+from xenith_edu.grader.names import fold
 
 FIELDS = ("id", "name", "email", "section", "sis_login", "canvas_id")
 PARTS = [Part("lesson.ipynb", {"linear_backward": 3.0, "silu_grad": 1.0})]

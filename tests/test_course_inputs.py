@@ -16,8 +16,8 @@ from nbformat.v4 import new_code_cell
 from test_course import DUE, lesson, the_class, write
 
 from xenith_edu import cli
-from xenith_edu.classroom import grade
-from xenith_edu.classroom.inputs import read_filled, read_roster, read_timestamps
+from xenith_edu.gradebook import grade
+from xenith_edu.gradebook.inputs import read_filled, read_roster, read_timestamps
 
 FORGED = "# Forged <img src=x onerror=alert(1)>"
 BAD = {  # file -> (content, the expected words of its one line)
@@ -141,7 +141,7 @@ def test_markup_and_formulas_from_learners_stay_text(tmp_path):
 
 
 def test_a_learner_notebook_read_by_the_grader_is_bounded_and_never_followed(tmp_path):
-    from xenith_edu.classroom.points import Question, answers, blank_skipped
+    from xenith_edu.gradebook.points import Question, answers, blank_skipped
 
     q = (Question("q1", 1.0, ""),)
     secret = tmp_path / "teacher.ipynb"
@@ -167,8 +167,8 @@ def test_a_learner_notebook_read_by_the_grader_is_bounded_and_never_followed(tmp
 def test_the_book_tags_its_long_training_cells_and_no_exercise(tmp_path):
     import json
 
-    from xenith_edu.classroom.points import SKIP_TAG
-    from xenith_edu.classroom.roster import PACKAGE_ROOT
+    from xenith_edu.gradebook.points import SKIP_TAG
+    from xenith_edu.grader.roster import PACKAGE_ROOT
 
     for name in ("training", "parallel"):
         cells = json.loads((PACKAGE_ROOT / "notebooks" / f"{name}.ipynb").read_text())["cells"]

@@ -122,7 +122,7 @@ def test_after_a_fixed_check_resume_regrades_its_rows_alone_in_the_real_sandbox(
     """Last (it grades the course again): one check's digest changed, `--resume` asks each
     learner's sandbox for that exercise alone, and the merged rows are the whole run's, byte
     for byte (the same notebooks, the same cases)."""
-    from xenith_edu.classroom import grading, regrade
+    from xenith_edu.gradebook import grading, regrade
 
     r = course["root"]
     before = (r / "out" / "grades.csv").read_text(encoding="utf-8")

@@ -12,7 +12,7 @@ import pytest
 from test_course import DUE, the_class
 
 from xenith_edu import cli
-from xenith_edu.classroom import grade, grade_merge
+from xenith_edu.gradebook import grade, grade_merge
 
 OPTIONS = {"deadline": DUE.isoformat(), "late_penalty": 0.1, "export": ("canvas", "moodle"),
            "late_from_mtime": True}

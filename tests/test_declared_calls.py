@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xenith_edu.classroom import delegation
 from xenith_edu.exercises import SPECS
+from xenith_edu.grader import delegation
 
 DECLARED = [(spec.id, name) for spec in SPECS.values() for name in spec.may_call]
 

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import xenith_edu
 from xenith_edu import chapters
-from xenith_edu.classroom.student import (
+from xenith_edu.booktools.student import (
     EXTRA_MODULES,
     EXTRA_OF,
     PROGRAMS,
@@ -39,10 +39,10 @@ from xenith_edu.classroom.student import (
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIX_ONLY = ("fcntl", "resource", "pwd", "grp", "termios")
-# the grader's sandbox: bubblewrap, rlimits and flock are Linux's (classroom.grade says so)
-GRADER_ONLY = {"xenith_edu.classroom.grading", "xenith_edu.classroom.sandbox",
-               "xenith_edu.classroom.worker"}
-UPPER_FLOORS = ("training", "exercises", "classroom", "cli")
+# the grader's sandbox: bubblewrap, rlimits and flock are Linux's (gradebook.grade says so)
+GRADER_ONLY = {"xenith_edu.gradebook.grading", "xenith_edu.grader.judging",
+               "xenith_edu.grader.sandbox", "xenith_edu.grader.worker"}
+UPPER_FLOORS = ("training", "exercises", "booktools", "grader", "gradebook", "cli")
 
 SITECUSTOMIZE = f"""
 import multiprocessing, os, sys

@@ -16,12 +16,12 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xenith_edu.classroom import course, feedback
-from xenith_edu.classroom.inputs import Person
-from xenith_edu.classroom.points import Part, Question
-from xenith_edu.classroom.statuses import Row
 from xenith_edu.exercises import SPECS
 from xenith_edu.exercises.engine import _not_attempted
+from xenith_edu.gradebook import course, feedback
+from xenith_edu.gradebook.inputs import Person
+from xenith_edu.gradebook.points import Part, Question
+from xenith_edu.grader.statuses import Row
 
 # the grader's words, which a learner reading the page has no use for
 GRADER_WORDS = ("cell", "grader", "sandbox", "protocol", "status", "row", "csv", "journal",

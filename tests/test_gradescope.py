@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from xenith_edu.classroom import gradescope
-from xenith_edu.classroom.gradescope import BY_HAND, SETTINGS, build, run
 from xenith_edu.cli import main
+from xenith_edu.gradebook import gradescope
+from xenith_edu.gradebook.gradescope import BY_HAND, SETTINGS, build, run
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = (int, float)
@@ -262,7 +262,7 @@ def test_the_archive_holds_no_solution_and_installs_offline(lesson_zip, tmp_path
                           "--no-index", "--target", str(target), str(tmp_path / "src" / wheel[0])],
                          capture_output=True, text=True)
     assert pip.returncode == 0, pip.stdout + pip.stderr
-    probe = ("import xenith_edu, xenith_edu.classroom.gradescope as g; "
+    probe = ("import xenith_edu, xenith_edu.gradebook.gradescope as g; "
              "from xenith_edu.tools.shipped import shipped; "
              "print(xenith_edu.__file__); print(shipped('shakespeare.txt').is_file())")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
@@ -394,7 +394,7 @@ def test_corrupted_settings_still_give_a_valid_results_json(lesson_zip, tmp_path
                                    KeyboardInterrupt()])
 def test_an_error_of_the_grader_is_every_test_at_zero_and_said(lesson_zip, tmp_path,
                                                                monkeypatch, error):
-    import xenith_edu.classroom.grading as grading
+    import xenith_edu.gradebook.grading as grading
 
     def broken(*args, **kwargs):
         raise error
@@ -425,10 +425,10 @@ def test_without_the_package_run_autograder_still_writes_results(lesson_zip, tmp
 def test_a_package_in_the_submission_cannot_stand_in_for_the_grader(lesson_zip, tmp_path):
     root = unpack(lesson_zip, tmp_path / "ag")
     fake = root / "submission" / "xenith_edu"
-    (fake / "classroom").mkdir(parents=True)
+    (fake / "gradebook").mkdir(parents=True)
     (fake / "__init__.py").write_text("")
-    (fake / "classroom" / "__init__.py").write_text("")
-    (fake / "classroom" / "gradescope.py").write_text(  # full marks, if it were run
+    (fake / "gradebook" / "__init__.py").write_text("")
+    (fake / "gradebook" / "gradescope.py").write_text(  # full marks, if it were run
         "import json, pathlib, sys\n"
         "out = pathlib.Path(sys.argv[1]) / 'results'\nout.mkdir(exist_ok=True)\n"
         "(out / 'results.json').write_text(json.dumps({'score': 99, 'tests': []}))\n")
@@ -498,7 +498,7 @@ def test_bad_input_to_the_command_is_one_line(tmp_path):
 
 
 def test_the_runner_is_what_run_autograder_calls():
-    assert "-m xenith_edu.classroom.gradescope" in gradescope.RUN
+    assert "-m xenith_edu.gradebook.gradescope" in gradescope.RUN
     assert gradescope.main.__doc__ and "run_autograder" in gradescope.main.__doc__
 
 

@@ -26,7 +26,7 @@ import pytest
 from packaging.requirements import Requirement
 from test_gradescope import lesson, unpack, validate
 
-from xenith_edu.classroom.gradescope import GRADER_EXTRA, build, package_metadata
+from xenith_edu.gradebook.gradescope import GRADER_EXTRA, build, package_metadata
 
 
 def closure(requirements: list[tuple[str, str]]) -> set[str]:

@@ -24,7 +24,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from xenith_edu.classroom import grade
+from xenith_edu.gradebook import grade
 
 BWRAP = shutil.which("bwrap")
 TIMEOUT, CALL_TIME = 6.0, 3.0  # seconds: short, so the looping adversaries end quickly
@@ -394,7 +394,7 @@ def test_the_grader_killed_mid_class_then_resume_keeps_what_was_graded(tmp_path)
               subs / f"{name}.ipynb")
     out = tmp_path / "grades.csv"
     journal = tmp_path / "grades.journal.jsonl"
-    code = ("from xenith_edu.classroom import grade; "
+    code = ("from xenith_edu.gradebook import grade; "
             f"grade({str(subs)!r}, {str(out)!r}, instructor={str(inst)!r}, jobs=1)")
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -423,8 +423,8 @@ def test_the_grader_killed_mid_class_then_resume_keeps_what_was_graded(tmp_path)
 def test_the_channel_carries_data_only_and_refuses_anything_else():
     import numpy as np
 
-    from xenith_edu.classroom import wire
     from xenith_edu.exercises import Opaque
+    from xenith_edu.grader import wire
 
     value = (np.arange(6, dtype=np.float32).reshape(2, 3), 3, 2.5, np.int64(7), [None, "x"],
              True, 1 + 2j, object(), np.array([object()]))
@@ -447,7 +447,7 @@ def test_the_channel_carries_data_only_and_refuses_anything_else():
 
 
 def test_the_journal_drops_a_torn_line_and_refuses_other_exercises(tmp_path):
-    from xenith_edu.classroom.journal import Journal
+    from xenith_edu.gradebook.journal import Journal
 
     path = tmp_path / "g.journal.jsonl"
     journal = Journal(path, "key1", resume=False)

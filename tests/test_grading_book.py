@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from xenith_edu.chapters import CHAPTERS
-from xenith_edu.classroom import grade
 from xenith_edu.exercises import CHECKS
+from xenith_edu.gradebook import grade
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,8 +22,9 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 from test_grading import IMPORTS, SILU, lesson, need_bwrap, write
 
-from xenith_edu.classroom import grade, roster, sandbox, wire
 from xenith_edu.exercises import InPlace, run
+from xenith_edu.gradebook import grade
+from xenith_edu.grader import roster, sandbox, wire
 
 TIMEOUT, CALL_TIME = 6.0, 3.0
 

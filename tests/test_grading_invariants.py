@@ -17,10 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nbformat.v4 import new_code_cell, new_notebook
 
-from xenith_edu.classroom import grade, grading
-from xenith_edu.classroom.journal import Journal
-from xenith_edu.classroom.roster import Exercise
 from xenith_edu.exercises import SPECS
+from xenith_edu.gradebook import grade
+from xenith_edu.gradebook.journal import Journal
+from xenith_edu.grader import judging
+from xenith_edu.grader.roster import Exercise
 
 NAMES = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1,
                 max_size=12)
@@ -39,10 +40,10 @@ QUICK = settings(max_examples=25, deadline=None,
 def test_hidden_cases_are_a_function_of_the_assignment_never_of_the_learner(
         seed, learners, exercise):
     plan = [("lesson.ipynb", "lesson.ipynb", [Exercise(exercise, "fn")])]
-    options = grading.Options(seed=seed)
+    options = judging.Options(seed=seed)
     drawn = []
     for learner in learners:
-        _, frames, kept = grading.build_request(learner, plan, options, "/home")
+        _, frames, kept = judging.build_request(learner, plan, options, "/home")
         drawn.append((frames, kept[("lesson.ipynb", exercise)][0]))
     assert all(d == drawn[0] for d in drawn)
 
@@ -118,7 +119,7 @@ def _bomb(unit: bytes, n: int) -> bytes:
 @settings(max_examples=4, deadline=None)
 @given(unit=BOMBS, n=st.integers(1_500_000, 2_500_000))
 def test_a_notebook_bomb_is_read_in_a_child_under_the_memory_limit(tmp_path_factory, unit, n):
-    from xenith_edu.classroom import nbread
+    from xenith_edu.grader import nbread
 
     folder = tmp_path_factory.mktemp("bomb")
     bomb, honest = folder / "bomb.ipynb", folder / "honest.ipynb"
@@ -156,9 +157,9 @@ def test_lateness_comes_from_the_stated_source_and_an_untimed_learner_is_reporte
         tmp_path_factory, ids, data):
     from datetime import UTC, datetime, timedelta
 
-    from xenith_edu.classroom import course
-    from xenith_edu.classroom.inputs import late_policy
-    from xenith_edu.classroom.points import Part
+    from xenith_edu.gradebook import course
+    from xenith_edu.gradebook.inputs import late_policy
+    from xenith_edu.gradebook.points import Part
 
     due = datetime(2026, 12, 1, tzinfo=UTC)
     folder = tmp_path_factory.mktemp("stamps")
@@ -233,7 +234,7 @@ def _copy(src: Path, dst: Path) -> Path:
 @QUICK
 @given(data=st.data())
 def test_a_merge_refuses_an_edited_journal_and_writes_nothing(sharded, data):
-    from xenith_edu.classroom import grade_merge
+    from xenith_edu.gradebook import grade_merge
 
     work = _copy(sharded["one"], sharded["root"] / "work")
     k = data.draw(st.sampled_from([1, 2]))
@@ -265,7 +266,7 @@ def test_a_merge_refuses_an_edited_journal_and_writes_nothing(sharded, data):
        layout=st.sampled_from(["swap", "repeat", "missing"]))
 def test_a_merge_refuses_another_class_or_a_missing_or_repeated_shard(sharded, other, k,
                                                                       layout):
-    from xenith_edu.classroom import grade_merge
+    from xenith_edu.gradebook import grade_merge
 
     one, two = sharded["one"], sharded[other]
     given_ = {"swap": [one / f"part{3 - k}.csv", two / f"part{k}.csv"],
@@ -291,9 +292,9 @@ def test_every_output_is_readable_by_the_group_and_no_wider_under_any_umask(
     import os
     import stat
 
-    from xenith_edu.classroom import course, shards
-    from xenith_edu.classroom.inputs import LatePolicy
-    from xenith_edu.classroom.points import Part, Question
+    from xenith_edu.gradebook import course, shards
+    from xenith_edu.gradebook.inputs import LatePolicy
+    from xenith_edu.gradebook.points import Part, Question
 
     out = tmp_path_factory.mktemp("modes")
     parts = [Part("lesson.ipynb", {"ex": 1.0}, (Question("q", 2.0, "Why?"),))]
@@ -327,7 +328,7 @@ TRIGGER_TEXT = st.lists(st.sampled_from(["=", "+", "-", "@", "\t", "\r", ";", " 
 @settings(max_examples=300, deadline=None)
 @given(text=st.one_of(ANY_TEXT, TRIGGER_TEXT))
 def test_a_csv_cell_is_text_in_any_list_separator_and_reads_back_exactly(text):
-    from xenith_edu.classroom.inputs import TRIGGERS, safe_cell, unsafe_cell
+    from xenith_edu.gradebook.inputs import TRIGGERS, safe_cell, unsafe_cell
 
     safe = safe_cell(text)
     assert unsafe_cell(safe) == text
@@ -344,7 +345,7 @@ def test_file_stems_are_unique_with_or_without_case_and_portable(ids):
     import re
     import unicodedata
 
-    from xenith_edu.classroom.names import canonical, file_stems, fold
+    from xenith_edu.grader.names import canonical, file_stems, fold
 
     ids = [canonical(i) for i in ids]
     variants = ids + [i.upper() for i in ids] + [i.lower() for i in ids]
@@ -373,9 +374,9 @@ def test_submissions_that_differ_by_case_or_normalization_are_kept_apart(
         tmp_path_factory, names, data):
     import unicodedata
 
-    from xenith_edu.classroom import course
-    from xenith_edu.classroom.names import fold
-    from xenith_edu.classroom.roster import submissions
+    from xenith_edu.gradebook import course
+    from xenith_edu.grader.names import fold
+    from xenith_edu.grader.roster import submissions
 
     root = tmp_path_factory.mktemp("names")
     made = set()
@@ -459,7 +460,7 @@ MAGICS = st.sampled_from(MAGIC_LINES)
 
 
 def _cells_of(tmp: Path, sources: list[str]) -> list[tuple[int, str]]:
-    from xenith_edu.classroom.worker import _cells
+    from xenith_edu.grader.worker import _cells
 
     path = tmp / "lesson.ipynb"
     nbformat.write(new_notebook(cells=[new_code_cell(s) for s in sources]), str(path))
@@ -581,9 +582,9 @@ def test_a_call_into_the_package_s_answer_is_delegated_whatever_path_reaches_it(
 def test_the_sandbox_material_holds_no_reference_case_generator_mistake_list_or_check():
     import ast
 
-    from xenith_edu.classroom.material import SPEC_PARTS, material
-    from xenith_edu.classroom.roster import chapter_notebooks
-    from xenith_edu.classroom.student import _read_notebook
+    from xenith_edu.booktools.student import _read_notebook
+    from xenith_edu.grader.material import SPEC_PARTS, material
+    from xenith_edu.grader.roster import chapter_notebooks
 
     sources = [c.source for p in chapter_notebooks() for c in _read_notebook(p).cells
                if c.cell_type == "code"]

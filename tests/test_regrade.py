@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from test_course import lesson, write
 
 from xenith_edu import cli
-from xenith_edu.classroom import grade, grading, regrade
-from xenith_edu.classroom.statuses import Found, Row
 from xenith_edu.exercises import SPECS
+from xenith_edu.gradebook import grade, grading, regrade
+from xenith_edu.grader.statuses import Found, Row
 
 EXERCISES = ("linear_backward", "silu_grad")  # the lesson's, in its order
 QUICK = settings(max_examples=12, deadline=None,
@@ -277,7 +277,7 @@ def test_merged_rows_are_a_whole_runs_order_or_none(data, sizes):
     the partial run, the others from the journal, in the teacher's order, and the partial
     run's own trailing rows; any row out of place (a submission over a limit, one row for the
     whole notebook) gives None: grade it whole."""
-    from xenith_edu.classroom.roster import Exercise
+    from xenith_edu.grader.roster import Exercise
 
     teacher = [(f"nb{i}.ipynb", [Exercise(f"e{i}_{j}", f"f{j}") for j in range(n)])
                for i, n in enumerate(sizes)]
@@ -335,7 +335,7 @@ def test_grade_merge_applies_the_overrides_extensions_and_late_rule_as_one_run(s
     files one run with them gives, byte for byte."""
     from test_course import DUE
 
-    from xenith_edu.classroom import grade_merge
+    from xenith_edu.gradebook import grade_merge
 
     paths = make_class(tmp_path, ["alice", "bob", "carol"])
     (tmp_path / "o.csv").write_text("learner,exercise,points,comment\nbob,silu_grad,0.5,c\n")

@@ -4,8 +4,8 @@ returns (`CheckResult.mistakes`), never a pattern searched in a message's text."
 from __future__ import annotations
 
 import xenith_edu.exercises as ex
-from xenith_edu.classroom.grading import _verdict
-from xenith_edu.classroom.report import report
+from xenith_edu.gradebook.report import report
+from xenith_edu.grader.judging import _verdict
 from xenith_edu.rmsnorm import rmsnorm_backward, rmsnorm_forward
 
 

@@ -17,9 +17,9 @@ import nbformat
 import pytest
 
 from xenith_edu import chapters
-from xenith_edu.classroom import grade
-from xenith_edu.classroom.student import make_student_versions
+from xenith_edu.booktools.student import make_student_versions
 from xenith_edu.exercises import CHECKS
+from xenith_edu.gradebook import grade
 
 ROOT = Path(__file__).resolve().parents[1]
 # a string literal in a chapter's code that names a file of the repository, not of the package

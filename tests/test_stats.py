@@ -25,10 +25,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from xenith_edu.classroom import grade
-from xenith_edu.classroom.course import CSV_FIELDS, TOTAL_FIELDS
-from xenith_edu.classroom.exports import csv_text, num
-from xenith_edu.classroom.stats import (
+from xenith_edu.cli import main
+from xenith_edu.gradebook import grade
+from xenith_edu.gradebook.course import CSV_FIELDS, TOTAL_FIELDS
+from xenith_edu.gradebook.exports import csv_text, num
+from xenith_edu.gradebook.stats import (
     FILES,
     NO_DIAGNOSIS,
     class_stats,
@@ -39,7 +40,6 @@ from xenith_edu.classroom.stats import (
     report,
     write_stats,
 )
-from xenith_edu.cli import main
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

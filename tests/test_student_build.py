@@ -16,7 +16,7 @@ import pytest
 from test_book import HTML, ROOT, built_book  # noqa: F401  (the fixture: one build, shared)
 
 from xenith_edu import chapters
-from xenith_edu.classroom.student import (
+from xenith_edu.booktools.student import (
     BEGIN_SOLUTION,
     END_SOLUTION,
     SETUP_TAG,

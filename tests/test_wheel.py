@@ -28,7 +28,7 @@ from test_book import built_book  # noqa: F401  (the fixture: one build, shared)
 
 import xenith_edu
 from xenith_edu import chapters
-from xenith_edu.classroom.student import SETUP_TAG, make_student_versions
+from xenith_edu.booktools.student import SETUP_TAG, make_student_versions
 
 ROOT = Path(__file__).resolve().parents[1]
 # what a learner's core install must not have: the notebook tooling and the extras
@@ -268,7 +268,7 @@ def test_the_site_serves_the_wheel_and_its_chapters_are_the_pages_downloads(
 def test_every_module_a_chapter_imports_is_the_cores_or_named_by_an_extra(wheel) -> None:
     """A chapter's imports are the standard library's, the package's, a core dependency's, or
     a module that `EXTRA_OF` maps to an extra (which its setup cell then names)."""
-    from xenith_edu.classroom.student import EXTRA_OF, used_modules
+    from xenith_edu.booktools.student import EXTRA_OF, used_modules
 
     provides = metadata.packages_distributions()
     core = closure(core_requirements(wheel))

@@ -22,11 +22,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from nbformat.v4 import new_markdown_cell, new_notebook
 
-from xenith_edu.classroom import course, written
-from xenith_edu.classroom.inputs import Person
-from xenith_edu.classroom.names import fold
-from xenith_edu.classroom.points import Part, Question, read_part
-from xenith_edu.classroom.student import TEXT_STUB, make_student_versions
+from xenith_edu.booktools.student import TEXT_STUB, make_student_versions
+from xenith_edu.gradebook import course, written
+from xenith_edu.gradebook.inputs import Person
+from xenith_edu.gradebook.points import Part, Question, read_part
+from xenith_edu.grader.names import fold
 
 QUESTIONS = (Question("why", 2.0, "Why is dX = dY W^T?"), Question("how", 1.0, "How?"))
 PARTS = [Part("lesson.ipynb", {}, QUESTIONS)]
@@ -56,7 +56,7 @@ def klasses(draw) -> tuple[list[course.Learner], dict]:
 
 
 def read(path) -> list[dict]:
-    from xenith_edu.classroom.inputs import unsafe_cell
+    from xenith_edu.gradebook.inputs import unsafe_cell
 
     with path.open(newline="", encoding="utf-8") as f:
         return [{k: unsafe_cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
@@ -106,7 +106,7 @@ def test_what_the_teacher_fills_comes_back_to_its_learner(tmp_path_factory, case
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(written.SHEET_FIELDS), lineterminator="\n")
     w.writeheader()
-    from xenith_edu.classroom.inputs import safe_cell
+    from xenith_edu.gradebook.inputs import safe_cell
     w.writerows({k: safe_cell(v) for k, v in r.items()} for r in rows)
     filled = out.with_name("filled.csv")
     filled.write_text(buf.getvalue(), encoding="utf-8")

@@ -3,7 +3,9 @@
 The package is built in floors, and imports run one way, down:
 
     cli/          the `xenith-edu` command line
-    classroom/    student versions of the notebooks and the sandboxed grader
+    gradebook/    a class graded: the journal, points, totals, reports, LMS files, statistics
+    grader/       the sandboxed grader: one learner's notebooks run, their functions judged
+    booktools/    the student versions of the chapters, written from the installed package
     exercises/    the learner's checks: the engine, the runner, one module per chapter
     training/     settings, data, AdamW, the step, the loop, checkpoints, threads, processes, MPI
     model/        Config, the parameter table, forward and backward, generation, check_model
@@ -14,7 +16,8 @@ The package is built in floors, and imports run one way, down:
 `chapters` is the registry of the book's chapters, which every floor may read.
 
 The face is light and portable: `import xenith_edu` loads the components, the model and the
-ground floor; `training`, `exercises`, `classroom` and `cli`, and the names taken from them
+ground floor; `training`, `exercises`, the teaching rooms (`booktools`, `grader`,
+`gradebook`) and `cli`, and the names taken from them
 (`TrainConfig`, `save_checkpoint`, ...), load on first use (PEP 562 `__getattr__` below).
 """
 
@@ -47,7 +50,7 @@ from .model import (
 from .tools import gradcheck
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
-    from . import classroom, cli, exercises, training
+    from . import booktools, cli, exercises, gradebook, grader, training
     from .training import (
         TrainConfig,
         adamw_update,
@@ -64,7 +67,8 @@ __version__ = "0.1.0"
 
 # name -> the module that holds it, imported on first use; a floor's own name maps to itself
 _LAZY: dict[str, str] = {
-    **{floor: f"{__name__}.{floor}" for floor in ("classroom", "cli", "exercises", "training")},
+    **{floor: f"{__name__}.{floor}" for floor in (
+        "booktools", "cli", "exercises", "grader", "gradebook", "training")},
     **{name: f"{__name__}.training" for name in (
         "TrainConfig", "adamw_update", "checkpoint", "clip_by_global_norm", "data",
         "load_checkpoint", "lr_at", "optim", "save_checkpoint")},
@@ -93,9 +97,9 @@ __all__ = [
     "adamw_update",
     "attention",
     "backward",
+    "booktools",
     "check_model",
     "checkpoint",
-    "classroom",
     "cli",
     "clip_by_global_norm",
     "data",
@@ -104,6 +108,8 @@ __all__ = [
     "flash_attention",
     "forward",
     "gradcheck",
+    "gradebook",
+    "grader",
     "init_params",
     "linear",
     "load_checkpoint",

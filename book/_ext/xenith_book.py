@@ -12,7 +12,7 @@ Launch buttons: the Binder and repository buttons are shown only when
 live code (thebe) is off, sphinx-thebe's page scripts are left out.
 
 Student notebooks: every notebook the site offers for download (_sources/, _downloads/) is
-replaced, when the build finishes, by its student version (`xenith_edu.classroom.student`:
+replaced, when the build finishes, by its student version (`xenith_edu.booktools.student`:
 solutions become stubs raising NotImplementedError, a setup cell follows the title); the pages
 show the solutions collapsed, without the `### BEGIN/END SOLUTION` lines. The Binder button
 opens student/<chapter>.ipynb, which binder/postBuild writes; the Colab button opens the same
@@ -369,7 +369,7 @@ def on_builder_inited(app: Sphinx) -> None:
 
 # ---------------------------------------------------------------- student notebooks
 # Readers download, and launch buttons open, the student version of each chapter: solutions
-# replaced by stubs (xenith_edu.classroom.student). The pages still show the solutions,
+# replaced by stubs (xenith_edu.booktools.student). The pages still show the solutions,
 # collapsed, without nbgrader's marker lines.
 STUDENT_DIR = "student"  # where binder/postBuild writes the student copies, repository root
 STUDENT_BRANCH = "student"  # the branch where the workflow publishes them, for Colab
@@ -382,7 +382,7 @@ def is_notebook_doc(app: Sphinx, docname: str) -> bool:
 
 def strip_solution_markers(app: Sphinx, doctree: nodes.document) -> None:
     """`doctree-read`: drop the `### BEGIN/END SOLUTION` lines from a notebook's code blocks."""
-    from xenith_edu.classroom.student import BEGIN_SOLUTION, END_SOLUTION
+    from xenith_edu.booktools.student import BEGIN_SOLUTION, END_SOLUTION
 
     if not is_notebook_doc(app, app.env.docname):
         return
@@ -405,7 +405,7 @@ def student_notebooks(app: Sphinx, exception: Exception | None) -> None:
     """
     import tempfile
 
-    from xenith_edu.classroom.student import make_student_versions
+    from xenith_edu.booktools.student import make_student_versions
 
     if exception is not None or app.builder.format != "html":
         return

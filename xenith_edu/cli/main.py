@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_others(sub)
     hf.add_parsers(sub)
-    _add_classroom(sub)
+    _add_teaching(sub)
     _add_chapters(sub)
     _add_course_tools(sub)
     _add_progress(sub)
@@ -120,7 +120,7 @@ def _add_course_tools(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_grade_stats(args: argparse.Namespace) -> int:
-    from ..classroom.stats import FILES, write_stats  # only when asked for
+    from ..gradebook.stats import FILES, write_stats  # only when asked for
 
     stats = write_stats(Path(args.grades), Path(args.out),
                         None if args.totals is None else Path(args.totals))
@@ -131,7 +131,7 @@ def _cmd_grade_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_gradescope(args: argparse.Namespace) -> int:
-    from ..classroom.gradescope import build  # only when asked for
+    from ..gradebook.gradescope import build  # only when asked for
 
     made = build(Path(args.notebooks), Path(args.out), args.chapters,
                  dist=None if args.dist is None else Path(args.dist), extras=args.extras,
@@ -249,7 +249,7 @@ def _add_others(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_gradcheck)
 
 
-def _add_classroom(sub: argparse._SubParsersAction) -> None:
+def _add_teaching(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("student", help="make student versions of the chapter notebooks",
                        description="Copy notebooks with the solutions removed and outputs "
                        "cleared.")
@@ -323,7 +323,7 @@ def _add_course_options(p: argparse.ArgumentParser) -> None:
                    help="the sheet of written answers, with the points and comments filled in")
     g.add_argument("--feedback", metavar="DIR", default=None,
                    help="write one self-contained HTML page of feedback per learner into DIR")
-    from ..classroom.exports import EXPORT_CHOICES  # the LMS files' one table (no NumPy)
+    from ..gradebook.exports import EXPORT_CHOICES  # the LMS files' one table (no NumPy)
 
     g.add_argument("--export", action="append", choices=EXPORT_CHOICES, default=[],
                    metavar="LMS[:ID]",
@@ -459,15 +459,15 @@ def _cmd_gradcheck(args: argparse.Namespace) -> int:
 
 
 def _cmd_student(args: argparse.Namespace) -> int:
-    from .. import classroom  # written separately; imported only when asked for
+    from .. import booktools  # written separately; imported only when asked for
 
-    written = classroom.make_student_versions(Path(args.src), Path(args.out)) or []
+    written = booktools.make_student_versions(Path(args.src), Path(args.out)) or []
     print(f"wrote {len(written)} student notebook(s) into {args.out}")
     return 0
 
 
 def _cmd_chapters(args: argparse.Namespace) -> int:
-    from ..classroom.student import write_chapters  # imported only when asked for
+    from ..booktools.student import write_chapters  # imported only when asked for
 
     written, kept = write_chapters(args.out)
     print(f"wrote {len(written)} student notebook(s) into {args.out}" + (
@@ -494,13 +494,13 @@ def _cmd_lab(args: argparse.Namespace) -> int:
 
 
 def _cmd_grade(args: argparse.Namespace) -> int:
-    from .. import classroom  # written separately; imported only when asked for
+    from .. import gradebook  # written separately; imported only when asked for
 
     given = {"instructor": args.instructor, "jobs": args.jobs, "resume": args.resume or None,
              "memory": None if args.memory is None else int(args.memory * 2**30),
              "shard": args.shard, "seed": args.seed, "regrade": args.regrade,
              **_course_options(args)}
-    rows = classroom.grade(Path(args.submissions), Path(args.out), args.timeout,
+    rows = gradebook.grade(Path(args.submissions), Path(args.out), args.timeout,
                            **{k: v for k, v in given.items() if v is not None}) or []
     passed = sum(1 for r in rows if r.get("status") == "passed")
     if args.shard:
@@ -521,10 +521,10 @@ def _course_options(args: argparse.Namespace) -> dict:
 
 
 def _cmd_grade_merge(args: argparse.Namespace) -> int:
-    from .. import classroom  # written separately; imported only when asked for
+    from .. import gradebook  # written separately; imported only when asked for
 
     given = {k: v for k, v in _course_options(args).items() if v is not None}
-    rows = classroom.grade_merge([Path(p) for p in args.shards], Path(args.out), **given)
+    rows = gradebook.grade_merge([Path(p) for p in args.shards], Path(args.out), **given)
     passed = sum(1 for r in rows if r.get("status") == "passed")
     print(f"joined {len(args.shards)} shard(s): wrote {len(rows)} grade row(s), {passed} "
           f"passed, to {args.out}")
@@ -572,5 +572,5 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped as e:  # a data-parallel run stopped; one rank has printed why
         return e.code
     except (ValueError, OSError, ImportError, TrainingDiverged, KeyboardInterrupt) as e:
-        # ImportError: a missing extra, named in its one line (classroom/student.py)
+        # ImportError: a missing extra, named in its one line (booktools/student.py)
         return _report(args.command, e)

@@ -2,7 +2,7 @@
 built from the component chapters, generation with a KV cache, and the whole-model gradient check.
 
 Imports run down only: this floor uses the components and `xenith_edu.tools`, never the floors
-above it (training, exercises, classroom, cli).
+above it (training, exercises, booktools, grader, gradebook, cli).
 """
 
 from .check import check_model

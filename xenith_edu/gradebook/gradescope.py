@@ -28,11 +28,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..grader.roster import teacher_exercises
+from ..grader.statuses import Row
 from ..tools.util import atomic_write, atomic_write_text, one_line
 from .points import Part, read_parts
-from .roster import teacher_exercises
 from .stats import read_csv
-from .statuses import Row
 
 SETTINGS = "xenith_autograder.json"
 INSTRUCTOR = "instructor"  # the teacher's notebooks, as student versions
@@ -63,7 +63,7 @@ Python 3.10 or newer: choose a newer base image (Ubuntu 22.04 or later) in Grade
 python3 -m venv "$ROOT/xenith-venv"
 "$ROOT/xenith-venv/bin/python" -m pip install --no-cache-dir -q --find-links ./dist \
   "./dist/@WHEEL@@EXTRAS@"
-"$ROOT/xenith-venv/bin/python" -I -c 'import xenith_edu.classroom.gradescope, nbformat, IPython'
+"$ROOT/xenith-venv/bin/python" -I -c 'import xenith_edu.gradebook.gradescope, nbformat, IPython'
 """
 
 RUN = """#!/usr/bin/env bash
@@ -72,14 +72,14 @@ RUN = """#!/usr/bin/env bash
 # Python runs isolated (-I): no folder of the submission can stand in for the package.
 ROOT="${XENITH_AUTOGRADER_ROOT:-/autograder}"
 PYTHON="${XENITH_AUTOGRADER_PYTHON:-$ROOT/xenith-venv/bin/python}"
-if ! "$PYTHON" -I -c 'import xenith_edu.classroom.gradescope' 2>/dev/null; then
+if ! "$PYTHON" -I -c 'import xenith_edu.gradebook.gradescope' 2>/dev/null; then
   mkdir -p "$ROOT/results"
   printf '%s%s%s\\n' '{"score": 0.0, "output": "The autograder is not installed (setup.sh ' \\
     'failed): tell your teacher.", "output_format": "text", "test_output_format": "text", ' \\
     '"tests": []}' > "$ROOT/results/results.json"
   exit 0
 fi
-exec "$PYTHON" -I -m xenith_edu.classroom.gradescope "$ROOT"
+exec "$PYTHON" -I -m xenith_edu.gradebook.gradescope "$ROOT"
 """
 
 
@@ -260,8 +260,8 @@ def build(notebooks: Path, out: Path, chapters: list[str] | None = None, *,
     for dist/, so that setup.sh needs no index. Returns the assignment's parts (points and
     written questions) and the grader's longest run. Raises ValueError naming the argument.
     """
+    from ..booktools.student import make_student_versions  # nbformat, only when an archive is made
     from .grading import Options, sandbox_seconds  # the grader's own budget
-    from .student import make_student_versions  # nbformat, only when an archive is made
 
     _check_settings(timeout, call_time, memory, visibility)
     suffix = _extras(extras)
@@ -460,7 +460,7 @@ def run(root: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m xenith_edu.classroom.gradescope [ROOT]`: what run_autograder calls."""
+    """`python -m xenith_edu.gradebook.gradescope [ROOT]`: what run_autograder calls."""
     root = Path(argv[0] if argv else os.environ.get(ROOT_ENV, "/autograder"))
     out = run(root)
     print(f"score {out['score']:g}; wrote {root / 'results' / 'results.json'}")

@@ -19,11 +19,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..grader.statuses import STATUSES, Row
 from ..tools.util import atomic_write, atomic_write_text
 from .course import outputs
 from .exports import csv_text, num
 from .inputs import csv_rows, unsafe_cell
-from .statuses import STATUSES, Row
 
 MAX_BYTES = 256 << 20  # a grades CSV larger than this is not one
 GRADE_COLUMNS = ("learner", "exercise", "status", "points", "max_points", "mistake")

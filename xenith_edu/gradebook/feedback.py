@@ -11,9 +11,9 @@ import html
 from pathlib import Path
 from typing import NamedTuple
 
-from .names import escape_controls, file_stems
+from ..grader.names import escape_controls, file_stems
+from ..grader.statuses import Row
 from .outfiles import make_folder, write_text
-from .statuses import Row
 
 # The page asks for nothing: no script, no image, no font, no style sheet from anywhere.
 CSP = "default-src 'none'; style-src 'unsafe-inline'"

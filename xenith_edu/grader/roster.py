@@ -45,7 +45,7 @@ def _specs() -> dict:
 
 def instructor_exercises(path: Path) -> list[Exercise]:
     """The exercises a teacher's notebook checks, in order: one per `check_<id>(<fn>)` call."""
-    from .student import _read_notebook  # only when the teacher's notebooks are read
+    from ..booktools.student import _read_notebook  # only when the teacher's notebooks are read
 
     specs = _specs()
     found: list[Exercise] = []
@@ -274,7 +274,9 @@ def match(teacher: list[str], mine: list[str]) -> dict[str, str | None]:
 def teacher_sources(instructor: Path | None, teacher: list[tuple[str, list[Exercise]]]
                     ) -> list[str]:
     """The code cells of the teacher's notebooks that are graded."""
-    from .student import _read_notebook  # nbformat: only once the teacher's notebooks are read
+    from ..booktools.student import (
+        _read_notebook,  # nbformat: only once the teacher's notebooks are read
+    )
 
     names = {name for name, _ in teacher}
     return [cell.source for p in _instructor(instructor) if p.name in names

@@ -100,7 +100,7 @@ def answer_stub(source: str, where: str = "") -> str:
 
 def _student_notebook(nb, name: str):  # nb: nbformat.NotebookNode
     """The student version of one notebook, built in place on `nb` (a private copy)."""
-    from .nbread import is_written  # the one rule of a written answer's cell
+    from ..grader.nbread import is_written  # the one rule of a written answer's cell
 
     cells = []
     in_gated = False

@@ -9,8 +9,8 @@ import io
 from pathlib import Path
 from typing import NamedTuple
 
+from ..grader.names import escape_controls, fold
 from .inputs import safe_cell
-from .names import escape_controls, fold
 from .outfiles import write_text
 
 CANVAS_FIXED = ("Student", "ID", "SIS User ID", "SIS Login ID", "Section")

@@ -20,7 +20,8 @@ from ..exercises import SPECS
 # What a learner may call although the exercise's reference calls it: the package's helpers
 # (workspace, the catalogue, the grader), every forward, and what the exercise itself declares
 # (`Spec.may_call`, in the exercise's module: the one place it is said).
-MAY_CALL_ALWAYS = ("xenith_edu.tools.", "xenith_edu.exercises.", "xenith_edu.classroom.")
+MAY_CALL_ALWAYS = ("xenith_edu.tools.", "xenith_edu.exercises.", "xenith_edu.booktools.",
+                   "xenith_edu.grader.", "xenith_edu.gradebook.")
 
 
 def may_call(spec, dotted: str) -> bool:

@@ -14,17 +14,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from ..grader.names import escape_controls, fold
+from ..grader.roster import COLLISION
+from ..grader.statuses import Row
 from . import late as lateness
 from . import overrides as override
 from .exports import check_exports, csv_text, exported, num, write_exports
 from .feedback import write_feedback
 from .inputs import LatePolicy, Person, late_policy, read_roster, read_timestamps
-from .names import escape_controls, fold
 from .outfiles import write_text
 from .points import Part
 from .report import write_report
-from .roster import COLLISION
-from .statuses import Row
 from .written import key_path, read_key, read_sheet, write_sheet
 from .written import note as untouched
 
@@ -355,7 +355,7 @@ def finish(out_csv: Path, entries: list[Entry], base: dict[str, list[tuple]],
 
 def entry_time(source: Path) -> float | None:
     """A submission's time: its modification time, the latest of a folder's notebooks."""
-    from .roster import learner_notebooks  # the one walk of a learner's folder
+    from ..grader.roster import learner_notebooks  # the one walk of a learner's folder
 
     try:
         if not source.is_dir():
@@ -376,7 +376,9 @@ def entry_of(i: int, entry: tuple[str, Path | None, str]) -> Entry:
 
 def from_options(given: dict, entries: list, parts: list, sheet: Path) -> Policy:
     """The teacher's course options, every file read and checked now, before any grading."""
-    from .student import _as_path  # the one check of a path argument (student reads notebooks)
+    from ..booktools.student import (
+        _as_path,  # the one check of a path argument (student reads notebooks)
+    )
 
     unknown = set(given) - set(OPTIONS)
     if unknown:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from .names import canonical, finder, fold
+from ..grader.names import canonical, finder, fold
 
 MAX_BYTES = 128 << 20  # a roster or sheet larger than this is not one
 TRIGGERS = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet takes for a formula (OWASP)

@@ -264,7 +264,7 @@ def worker_command() -> list[str]:
             "fence = types.ModuleType('xenith_edu.exercises'); "
             f"fence.__path__ = [{str(EXERCISES_DIR)!r}]; fence._xenith_fence = True; "
             "sys.modules[fence.__name__] = fence; "
-            "from xenith_edu.classroom.worker import main; main()")
+            "from xenith_edu.grader.worker import main; main()")
     return [sys.executable, "-I", "-c", boot]
 
 

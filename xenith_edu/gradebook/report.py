@@ -10,10 +10,10 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from . import statuses
-from .names import escape_controls
+from ..grader import statuses
+from ..grader.names import escape_controls
+from ..grader.statuses import Row
 from .outfiles import write_text
-from .statuses import Row
 
 TOP = 8  # mistakes listed
 # the statuses of a submission that was not judged, or broke the grader's protocol (tampering)

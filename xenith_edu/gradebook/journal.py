@@ -15,9 +15,9 @@ import stat
 import threading
 from pathlib import Path
 
+from ..grader.roster import walk
 from .outfiles import write_text
 from .regrade import Tally
-from .roster import walk
 
 VERSION = 3
 

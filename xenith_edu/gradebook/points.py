@@ -13,10 +13,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import nbread
-from .nbread import SKIP_TAG, _nbgrader, _source, blank_skipped, cell_key, is_written  # noqa: F401
-from .roster import Exercise
-from .student import TEXT_STUB
+from ..booktools.student import TEXT_STUB
+from ..grader import nbread
+from ..grader.nbread import SKIP_TAG, _nbgrader, _source, blank_skipped, cell_key, is_written  # noqa: F401
+from ..grader.roster import Exercise
 from .written import student_answer
 
 DEFAULT_POINTS = 1.0
@@ -69,7 +69,7 @@ def _points(cell: dict, where: str) -> float | None:
 
 def read_part(path: Path, exercises: list[Exercise]) -> Part:
     """The points of `exercises` in the teacher's notebook `path`, and its written questions."""
-    from .student import _read_notebook  # nbformat, imported by the reader of notebooks
+    from ..booktools.student import _read_notebook  # nbformat, imported by the reader of notebooks
 
     cells = _read_notebook(path).cells
     found: dict[str, float] = {}
@@ -100,7 +100,7 @@ def read_part(path: Path, exercises: list[Exercise]) -> Part:
 def read_parts(instructor: Path | None, teacher: list[tuple[str, list[Exercise]]]
                ) -> list[Part]:
     """The course's parts: one per teacher's notebook that is graded."""
-    from .roster import _instructor  # the one rule of where the teacher's notebooks are
+    from ..grader.roster import _instructor  # the one rule of where the teacher's notebooks are
 
     paths = {p.name: p for p in _instructor(instructor)}
     return [read_part(paths[name], exercises) for name, exercises in teacher]

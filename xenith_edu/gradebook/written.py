@@ -17,8 +17,8 @@ import hmac
 import secrets
 from pathlib import Path
 
+from ..grader.names import finder, fold
 from .inputs import _points, _table, read_filled
-from .names import finder, fold
 from .outfiles import write_text
 
 SHEET_FIELDS = ("sheet_id", "notebook", "question", "max_points", "prompt", "answer",
@@ -40,7 +40,7 @@ def key_path(sheet: Path) -> Path:
 def student_answer(source: str) -> str:
     """What the student version of a teacher's answer cell holds (the rule of
     `make_student_versions`: its solution blocks dropped, then `answer_stub`)."""
-    from .student import _drop_solution_blocks, answer_stub  # the one rule of the stubs
+    from ..booktools.student import _drop_solution_blocks, answer_stub  # the one rule of the stubs
 
     try:
         return answer_stub(_drop_solution_blocks(source))

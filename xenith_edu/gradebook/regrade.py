@@ -18,8 +18,8 @@ import sys
 import threading
 from pathlib import Path
 
-from .names import canonical, escape_controls
-from .statuses import GradeRow
+from ..grader.names import canonical, escape_controls
+from ..grader.statuses import GradeRow
 
 # the Spec's functions whose source is the check (what a fix changes), and its settings
 CODE = ("reference", "cases", "probes", "mistakes", "diagnose", "factors", "probe_hint",
