@@ -582,11 +582,11 @@ def test_a_call_into_the_package_s_answer_is_delegated_whatever_path_reaches_it(
 def test_the_sandbox_material_holds_no_reference_case_generator_mistake_list_or_check():
     import ast
 
-    from xenith_edu.booktools.student import _read_notebook
     from xenith_edu.grader.material import SPEC_PARTS, material
     from xenith_edu.grader.roster import chapter_notebooks
+    from xenith_edu.tools.notebook import read_notebook
 
-    sources = [c.source for p in chapter_notebooks() for c in _read_notebook(p).cells
+    sources = [c.source for p in chapter_notebooks() for c in read_notebook(p).cells
                if c.cell_type == "code"]
     every = []  # the teacher importing every catalogue symbol of every module
     for spec in SPECS.values():

@@ -343,7 +343,7 @@ def test_grade_merge_applies_the_overrides_extensions_and_late_rule_as_one_run(s
     options = {"deadline": (DUE - timedelta(days=400)).isoformat(),  # everyone is late
                "late_from_mtime": True, "late_penalty": 0.1, "late_rule": "possible",
                "overrides": tmp_path / "o.csv", "extensions": tmp_path / "e.csv",
-               "export": ("canvas", "moodle")}
+               "export": ("canvas", "moodle:id")}
     run(paths, **options)
     split = tmp_path / "split"
     split.mkdir()

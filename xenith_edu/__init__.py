@@ -4,8 +4,8 @@ The package is built in floors, and imports run one way, down:
 
     cli/          the `xenith-edu` command line
     gradebook/    a class graded: the journal, points, totals, reports, LMS files, statistics
-    grader/       the sandboxed grader: one learner's notebooks run, their functions judged
     booktools/    the student versions of the chapters, written from the installed package
+    grader/       the sandboxed grader: one learner's notebooks run, their functions judged
     exercises/    the learner's checks: the engine, the runner, one module per chapter
     training/     settings, data, AdamW, the step, the loop, checkpoints, threads, processes, MPI
     model/        Config, the parameter table, forward and backward, generation, check_model

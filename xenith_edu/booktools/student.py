@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import IO
 
 from ..chapters import CHAPTERS
-from ..tools.util import atomic_write, atomic_write_text, one_line
+from ..tools.notebook import read_notebook, require
+from ..tools.util import atomic_write, atomic_write_text
 
 # nbgrader's markers. Code between BEGIN and END SOLUTION becomes a stub that raises
 # NotImplementedError; markdown between them becomes TEXT_STUB; hidden tests are dropped.
@@ -283,34 +284,6 @@ def add_setup_cell(nb, url: str, branch: str = "") -> None:
     nb.cells.insert(1 if titled else 0, setup_cell(url, branch, chapter_extras(nb)))
 
 
-NOTEBOOKS_EXTRA = "notebooks"  # the extra of xenith-edu that brings the notebook tooling
-
-
-def _require(*modules: str) -> None:
-    """Import the notebook machinery, or say in one line which extra to install."""
-    import importlib  # only when notebooks are read or written
-
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            raise ImportError(f"notebooks need the package {name}, which the extra "
-                              f"[{NOTEBOOKS_EXTRA}] of xenith-edu installs: pip install "
-                              f"\"xenith-edu[{NOTEBOOKS_EXTRA}]\"") from None
-
-
-def _read_notebook(path: Path):
-    _require("nbformat")
-    import nbformat  # only when notebooks are read or written
-
-    try:
-        nb = nbformat.read(str(path), as_version=4)
-        nbformat.validate(nb)
-    except Exception as exc:  # invalid JSON, not a notebook, unsupported version...
-        raise ValueError(f"{path.name} is not a valid notebook: {one_line(exc)[:200]}") from None
-    return nb
-
-
 def make_student_versions(src: Path, out: Path,
                           repository: tuple[str, str] | None = None) -> list[Path]:
     """Write student copies of the notebook `src` (or of every *.ipynb in the folder `src`).
@@ -325,7 +298,7 @@ def make_student_versions(src: Path, out: Path,
     folder `out` (created if needed). Returns their paths. Raises ValueError naming what is
     wrong; nothing is written then.
     """
-    _require("nbformat")
+    require("nbformat")
     import nbformat  # only when notebooks are read or written
 
     src, out = _as_path(src, "src"), _as_path(out, "out")
@@ -349,7 +322,7 @@ def make_student_versions(src: Path, out: Path,
         repository = book_repository(sources[0])  # None outside a book: no setup cell
     versions = []  # transform everything first: one bad notebook writes nothing
     for path in sources:
-        nb = _student_notebook(_read_notebook(path), path.name)
+        nb = _student_notebook(read_notebook(path), path.name)
         if repository is not None:
             add_setup_cell(nb, *repository)
         versions.append((out / path.name, nbformat.writes(nb) + "\n"))

@@ -376,9 +376,7 @@ def entry_of(i: int, entry: tuple[str, Path | None, str]) -> Entry:
 
 def from_options(given: dict, entries: list, parts: list, sheet: Path) -> Policy:
     """The teacher's course options, every file read and checked now, before any grading."""
-    from ..booktools.student import (
-        _as_path,  # the one check of a path argument (student reads notebooks)
-    )
+    from ..booktools.student import _as_path  # the one check of a path argument
 
     unknown = set(given) - set(OPTIONS)
     if unknown:

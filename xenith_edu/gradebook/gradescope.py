@@ -261,7 +261,7 @@ def build(notebooks: Path, out: Path, chapters: list[str] | None = None, *,
     written questions) and the grader's longest run. Raises ValueError naming the argument.
     """
     from ..booktools.student import make_student_versions  # nbformat, only when an archive is made
-    from .grading import Options, sandbox_seconds  # the grader's own budget
+    from ..grader.judging import Options, sandbox_seconds  # the grader's own budget
 
     _check_settings(timeout, call_time, memory, visibility)
     suffix = _extras(extras)

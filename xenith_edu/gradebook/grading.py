@@ -128,7 +128,7 @@ def grade(submissions_dir: Path, out_csv: Path, timeout: float | None = DEFAULT_
     `late_penalty` (a fraction per day late), `late_rule` ("earned", "possible"), `extensions`,
     `overrides` (CSVs). `regrade` ("alice,bob"): grade them again, keep the others.
     """
-    from .student import _as_path  # the one check of a path argument
+    from ..booktools.student import _as_path  # the one check of a path argument
 
     root, out_csv = _as_path(submissions_dir, "submissions_dir"), _as_path(out_csv, "out_csv")
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout

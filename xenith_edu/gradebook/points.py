@@ -69,9 +69,9 @@ def _points(cell: dict, where: str) -> float | None:
 
 def read_part(path: Path, exercises: list[Exercise]) -> Part:
     """The points of `exercises` in the teacher's notebook `path`, and its written questions."""
-    from ..booktools.student import _read_notebook  # nbformat, imported by the reader of notebooks
+    from ..tools.notebook import read_notebook  # nbformat: only when notebooks are read
 
-    cells = _read_notebook(path).cells
+    cells = read_notebook(path).cells
     found: dict[str, float] = {}
     questions, prompt = [], ""
     for n, cell in enumerate(cells, start=1):

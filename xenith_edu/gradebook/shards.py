@@ -183,9 +183,7 @@ def gather(shard_csvs: list[Path]) -> tuple[list[course.Entry], dict, list[Part]
 def merge(shard_csvs: list[Path], out_csv: Path, **course_options) -> list[dict]:
     """Join the shards graded with `grade(..., shard="K/N")` (their --out CSV paths) into
     the CSV, totals, report and other files one run of `grade` with `course_options` writes."""
-    from ..booktools.student import (
-        _as_path,  # the one check of a path argument (student reads notebooks)
-    )
+    from ..booktools.student import _as_path  # the one check of a path argument
 
     out_csv = _as_path(out_csv, "out_csv")
     if out_csv.is_dir() or not out_csv.parent.is_dir():

@@ -45,11 +45,11 @@ def _specs() -> dict:
 
 def instructor_exercises(path: Path) -> list[Exercise]:
     """The exercises a teacher's notebook checks, in order: one per `check_<id>(<fn>)` call."""
-    from ..booktools.student import _read_notebook  # only when the teacher's notebooks are read
+    from ..tools.notebook import read_notebook  # nbformat: only when notebooks are read
 
     specs = _specs()
     found: list[Exercise] = []
-    for cell in _read_notebook(path).cells:
+    for cell in read_notebook(path).cells:
         if cell.cell_type != "code":
             continue
         for ex_id, fn in CHECK_CELL.findall(cell.source):
@@ -274,13 +274,11 @@ def match(teacher: list[str], mine: list[str]) -> dict[str, str | None]:
 def teacher_sources(instructor: Path | None, teacher: list[tuple[str, list[Exercise]]]
                     ) -> list[str]:
     """The code cells of the teacher's notebooks that are graded."""
-    from ..booktools.student import (
-        _read_notebook,  # nbformat: only once the teacher's notebooks are read
-    )
+    from ..tools.notebook import read_notebook  # nbformat: only when notebooks are read
 
     names = {name for name, _ in teacher}
     return [cell.source for p in _instructor(instructor) if p.name in names
-            for cell in _read_notebook(p).cells if cell.cell_type == "code"]
+            for cell in read_notebook(p).cells if cell.cell_type == "code"]
 
 
 def teacher_exercises(instructor: Path | None, entries: list) -> list[tuple[str, list[Exercise]]]:
