@@ -288,21 +288,26 @@ def test_from_hf_refuses_what_the_book_cannot_be_in_one_line_naming_the_field(ke
     assert key in str(e.value) and "\n" not in str(e.value)
 
 
-def test_float64_parity_with_the_linear_rope_scaling_of_gemma_4b(tmp_path, rng):
-    """4B and larger scale the global layers' RoPE linearly (factor 8), the local layers not."""
+@pytest.mark.parametrize("family", ["Gemma-3-1B", "SmolLM-135M"])
+def test_float64_parity_with_the_linear_rope_scaling(tmp_path, rng, family):
+    """Gemma 3 4B and larger scale the global layers' RoPE linearly (factor 8), the local layers
+    not; a LLaMA file may ask for the same rule on every layer."""
     torch = pytest.importorskip("torch")
-    from families import GEMMA_3_1B, NARROW, reduced, tiny_model
+    from families import GEMMA_3_1B, NARROW, SMOLLM_135M, reduced, tiny_model
     from hf_exact import assert_grads_match, exact_models
 
     from xenith_edu.model.hf import read_hf
 
-    hf = {**reduced(GEMMA_3_1B, layers=2, vocab=40), **NARROW["Gemma-3-1B"],
-          "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "rope_theta": 50.0}
+    published = {"Gemma-3-1B": GEMMA_3_1B, "SmolLM-135M": SMOLLM_135M}[family]
+    narrow = NARROW.get(family, {"hidden_size": 24, "intermediate_size": 40,
+                                 "num_attention_heads": 6, "num_key_value_heads": 2})
+    hf = {**reduced(published, layers=2, vocab=40), **narrow, "rope_theta": 50.0,
+          "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
     m = tiny_model(hf, scale=0.4, dtype=torch.float64)
     m.save_pretrained(tmp_path / "hf")
     model = read_hf(tmp_path / "hf", np.float64)
     assert (model.config.rope_scaling, model.config.rope_factor) == ("linear", 8.0)
-    x, y = rng.integers(1, 40, (2, 12)), rng.integers(1, 40, (2, 12))
+    x, y = rng.integers(1, 40, (2, 12)), rng.integers(1, 40, (2, 12))  # no padding token
     with exact_models():
         logits = m(torch.tensor(x)).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 40),

@@ -73,7 +73,8 @@ class Config:
     local_rope_theta: float | None = None  # the windowed layers' RoPE base, without
     # rope_scaling (Gemma 3's rope_local_base_freq); None: rope_theta and rope_scaling for all
     family: str = "llama"  # the Hugging Face family it was read from and is written back as
-    # (llama, qwen2, qwen3, mistral): the file's names, not the model's mathematics
+    # (llama, qwen2, qwen3, mistral, smollm3, gemma3_text): the file's names, not the model's
+    # mathematics
     bos_token_id: int | None = None  # the tokenizer's begin and end tokens, which a converted
     eos_token_id: int | tuple[int, ...] | None = None  # model keeps for to-hf (generation stops
     # at an end token); several ends (Llama 3's) are a tuple

@@ -206,8 +206,9 @@ def _token_ids(hf: dict, key: str, vocab: int) -> int | tuple[int, ...] | None:
 
 
 def config_from_hf(hf: object) -> Config:
-    """The `Config` of a LLaMA config.json (already parsed); ValueError naming the field that
-    the book's model cannot represent (RoPE scaling, biases, head_dim, activation, type)."""
+    """The `Config` of a config.json of a family the book reads (already parsed); ValueError
+    naming the field that the book's model cannot represent (RoPE scaling, biases, head_dim,
+    activation, soft caps, type)."""
     if not isinstance(hf, dict):
         raise ValueError(f"config.json holds a {type(hf).__name__}, not a JSON object")
     kind = hf.get("model_type", "llama")
