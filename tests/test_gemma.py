@@ -317,3 +317,57 @@ def test_float64_parity_with_the_linear_rope_scaling(tmp_path, rng, family):
     assert np.abs(ours - logits.detach().numpy()).max() <= 1e-10
     _, grads = loss_and_grads(model.params, model.config, x, y)
     assert_grads_match(grads, model.config, m)
+
+
+@st.composite
+def gemma_files(draw) -> dict:
+    """Gemma 3 text files the book reads: the published one narrowed, with any layer kinds,
+    tied or not, grouped heads or not, either gate, any scale, window and RoPE bases."""
+    from families import GEMMA_3_1B, NARROW, reduced
+
+    L = draw(st.integers(1, 3))
+    hkv = draw(st.sampled_from([1, 2, 4]))
+    return {**reduced(GEMMA_3_1B, layers=L, vocab=40), **NARROW["Gemma-3-1B"],
+            "layer_types": draw(st.lists(st.sampled_from(["sliding_attention", "full_attention"]),
+                                         min_size=L, max_size=L)),
+            "tie_word_embeddings": draw(st.booleans()), "num_key_value_heads": hkv,
+            "hidden_activation": draw(st.sampled_from(["gelu_pytorch_tanh", "silu"])),
+            "query_pre_attn_scalar": draw(st.integers(2, 64)),
+            "sliding_window": draw(st.integers(1, 13)),
+            "rope_theta": draw(st.sampled_from([50.0, 1e6])),
+            "rope_local_base_freq": draw(st.sampled_from([20.0, 1e4])),
+            "rms_norm_eps": draw(st.sampled_from([1e-6, 1e-3]))}
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(hf=gemma_files(), seed=st.integers(0, 2**16))
+def test_any_gemma_file_is_transformers_model_in_float64(tmp_path_factory, hf, seed):
+    """The logits and every gradient within 1e-10 of transformers' (its float32 casts removed),
+    and to-hf's folder loads as the same tensors and reads back as the same model."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from families import tiny_model
+    from hf_exact import assert_grads_match, exact_models
+
+    from xenith_edu.model.hf import read_hf, write_hf
+
+    folder = tmp_path_factory.mktemp("gemma")
+    m = tiny_model(hf, seed=seed % 1000, scale=0.4, dtype=torch.float64)
+    m.save_pretrained(folder / "hf")
+    model = read_hf(folder / "hf", np.float64)
+    rng = np.random.default_rng(seed)
+    x, y = rng.integers(1, 40, (2, 12)), rng.integers(1, 40, (2, 12))  # no padding token
+    with exact_models():
+        logits = m(torch.tensor(x)).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 40),
+                                                 torch.tensor(y).reshape(-1))
+        loss.backward()
+    assert np.abs(forward(model.params, model.config, x)[0] - logits.detach().numpy()).max() \
+        <= 1e-10
+    _, grads = loss_and_grads(model.params, model.config, x, y)
+    assert_grads_match(grads, model.config, m)
+    write_hf(folder / "back", model.params, model.config)
+    back = transformers.AutoModelForCausalLM.from_pretrained(folder / "back", dtype=torch.float64)
+    for name, t in m.state_dict().items():
+        assert torch.equal(back.state_dict()[name], t), name
+    assert read_hf(folder / "back", np.float64).config == model.config
