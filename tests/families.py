@@ -97,13 +97,29 @@ SMOLLM3_3B = {
     "use_sliding_window": False, "vocab_size": 128256,
 }
 
+# google/gemma-3-1b-it (Gemma3ForCausalLM, the text model): GeGLU, gains 1 + w, four norms a
+# layer, the scaled embedding, QK-norm, five windowed layers (RoPE base 10000) to one global
+# (1e6); its file predates layer_types and names the pattern
+GEMMA_3_1B = {
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": None, "bos_token_id": 2, "cache_implementation": "hybrid",
+    "eos_token_id": [1, 106], "final_logit_softcapping": None, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+    "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+    "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+    "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "rope_local_base_freq": 10000, "rope_scaling": None, "rope_theta": 1000000,
+    "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+    "transformers_version": "4.50.0.dev0", "use_cache": True, "vocab_size": 262144,
+}
+
 # The new families in the issue's order, and for the float64 tests each one narrowed: the same
 # file with widths, heads and (Mistral) window small, every relation between them kept (the
 # query heads per key/value head, Qwen3's head width of twice the model width over the heads,
 # a window shorter than the test's 12 tokens so that it is active). The vocabulary is cut to the
 # test's: the special ids of these files then lie outside it and read as none.
 NEW = {"Llama-3.2-1B": LLAMA_3_2_1B, "Qwen2.5-0.5B": QWEN2_5_0_5B, "Qwen3-0.6B": QWEN3_0_6B,
-       "Mistral-7B-v0.1": MISTRAL_7B, "SmolLM3-3B": SMOLLM3_3B}
+       "Mistral-7B-v0.1": MISTRAL_7B, "SmolLM3-3B": SMOLLM3_3B, "Gemma-3-1B": GEMMA_3_1B}
 NARROW = {
     "Llama-3.2-1B": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
                      "num_key_value_heads": 1, "head_dim": 8},  # its 4 frequencies at
@@ -117,6 +133,13 @@ NARROW = {
                    "no_rope_layers": [1, 1, 1, 0]},  # four layers: the fourth without RoPE
     "Mistral-7B-v0.1": {"hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
                         "num_key_value_heads": 1, "sliding_window": 4},
+    # 1152 wide, 4 heads of 256 (queries 1024 wide: 9/8), 1 key/value head; narrowed to 36
+    # wide, 4 heads of 8. The scores' scale at 27B's rule (query_pre_attn_scalar = width /
+    # heads, not the head width) so that it is not head_dim's; a window of 4 of the test's 12
+    # tokens; the pattern 2 so that the two layers are one windowed, one global
+    "Gemma-3-1B": {"hidden_size": 36, "intermediate_size": 48, "num_attention_heads": 4,
+                   "num_key_value_heads": 1, "head_dim": 8, "query_pre_attn_scalar": 9,
+                   "sliding_window": 4, "sliding_window_pattern": 2},
 }
 
 TODAY = {"SmolLM-135M": SMOLLM_135M, "SmolLM2-135M": SMOLLM2_135M,

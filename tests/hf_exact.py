@@ -1,11 +1,12 @@
-"""transformers' LLaMA, Qwen2, Qwen3, Mistral and SmolLM3 in float64 without their float32
-casts, for the Hugging Face parity tests.
+"""transformers' LLaMA, Qwen2, Qwen3, Mistral, SmolLM3 and Gemma 3 in float64 without their
+float32 casts, for the Hugging Face parity tests.
 
 In float64, transformers still rounds through float32 in RMSNorm, the RoPE tables and the eager
-softmax; these context managers compute those in the model's own dtype, so that the comparison
-with the book's model can be exact to rounding (1e-10 and below), not to float32 (1e-8). The
-RoPE frequencies follow transformers' rules (the plain one and Llama 3's, whose lines below are
-transformers' own `_compute_llama3_parameters` without the cast to float32).
+softmax (and Gemma's embedding factor, a float32 buffer); these context managers compute those
+in the model's own dtype, so that the comparison with the book's model can be exact to rounding
+(1e-10 and below), not to float32 (1e-8). The RoPE frequencies follow transformers' rules (the
+plain one, the linear one and Llama 3's, whose lines below are transformers' own
+`_compute_llama3_parameters` without the cast to float32).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import math
 
 import torch
+import transformers.models.gemma3.modeling_gemma3 as gemma3
 import transformers.models.llama.modeling_llama as llama
 import transformers.models.mistral.modeling_mistral as mistral
 import transformers.models.qwen2.modeling_qwen2 as qwen2
@@ -30,13 +32,18 @@ def _rmsnorm(self, h):
     return self.weight * (h * torch.rsqrt(variance + self.variance_epsilon))
 
 
-def inv_freq(config, dtype) -> torch.Tensor:
-    """The RoPE frequencies of `config` in `dtype`: the plain rule, or Llama 3's."""
+def inv_freq(config, dtype, layer_type=None) -> torch.Tensor:
+    """The RoPE frequencies of `config` (of its layers of `layer_type`, Gemma 3's) in `dtype`:
+    the plain rule, the linear one, or Llama 3's."""
     rope = config.rope_parameters
+    if layer_type is not None:
+        rope = rope[layer_type]
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     inv = rope["rope_theta"] ** (-torch.arange(0, head_dim, 2, dtype=dtype) / head_dim)
     if rope.get("rope_type", "default") == "default":
         return inv
+    if rope["rope_type"] == "linear":
+        return inv / rope["factor"]
     assert rope["rope_type"] == "llama3", rope
     factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
     old = rope["original_max_position_embeddings"]
@@ -55,6 +62,22 @@ def _rope(self, x, position_ids):
     return emb.cos(), emb.sin()
 
 
+def _gemma_rmsnorm(self, h):
+    variance = h.pow(2).mean(-1, keepdim=True)
+    return (h * torch.rsqrt(variance + self.eps)) * (1.0 + self.weight)
+
+
+def _gemma_rope(self, x, position_ids, layer_type):
+    freqs = position_ids[..., None].to(x.dtype) * inv_freq(self.config, x.dtype, layer_type)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _gemma_embedding(self, input_ids):
+    scale = torch.tensor(self.scalar_embed_scale, dtype=self.weight.dtype)  # sqrt(d) in dtype
+    return torch.nn.functional.embedding(input_ids, self.weight, self.padding_idx) * scale
+
+
 def _eager_of(module):
     def _eager(mod, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         key = module.repeat_kv(key, mod.num_key_value_groups)
@@ -70,18 +93,22 @@ def _eager_of(module):
 
 @contextlib.contextmanager
 def exact_models():
-    """Within the block, the four families compute everything in their parameters' dtype."""
+    """Within the block, the families compute everything in their parameters' dtype."""
     saved = []
-    for module, prefix in FAMILIES.values():
+    gemma = {gemma3: (_gemma_rmsnorm, _gemma_rope)}
+    for module, prefix in [*FAMILIES.values(), (gemma3, "Gemma3")]:
         norm = getattr(module, f"{prefix}RMSNorm")
         rotary = getattr(module, f"{prefix}RotaryEmbedding")
         saved.append((module, norm, rotary, norm.forward, rotary.forward,
                       module.eager_attention_forward))
-        norm.forward, rotary.forward = _rmsnorm, _rope
+        norm.forward, rotary.forward = gemma.get(module, (_rmsnorm, _rope))
         module.eager_attention_forward = _eager_of(module)
+    embedding = gemma3.Gemma3TextScaledWordEmbedding
+    embedding_f, embedding.forward = embedding.forward, _gemma_embedding
     try:
         yield
     finally:
+        embedding.forward = embedding_f
         for module, norm, rotary, norm_f, rotary_f, eager in saved:
             norm.forward, rotary.forward, module.eager_attention_forward = norm_f, rotary_f, eager
 

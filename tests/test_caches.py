@@ -78,6 +78,12 @@ TRACED_MODELS = [
     (dict(vocab_size=10, n_embd=16, n_head=4, n_kv_head=2, n_layer=2, seq_len=8,
           head_width=6, qkv_bias=True, qk_norm=True, sliding_window=3, rope_scaling="llama3",
           nope_layers=(1,)), np.float64),
+    # Gemma 3's: GeGLU, gains 1 + w, norms after the blocks, the scaled embedding, the scores'
+    # own scale, a windowed layer and a global one with their own RoPE (linear on the global)
+    (dict(vocab_size=10, n_embd=12, n_head=2, n_kv_head=1, n_layer=2, seq_len=8, head_width=8,
+          qk_norm=True, activation="gelu_tanh", norm_plus_one=True, post_norms=True,
+          scale_embeddings=True, query_pre_attn_scalar=5, sliding_window=3, global_layers=(1,),
+          local_rope_theta=10.0, rope_scaling="linear", rope_factor=2.0), np.float32),
 ]
 
 

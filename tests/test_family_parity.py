@@ -37,10 +37,12 @@ def test_float64_logits_and_every_gradient_match_transformers(tmp_path, rng, fam
     model = read_hf(tmp_path / "hf", np.float64)
     assert model.config.family == ALL[family]["model_type"]
     x, y = rng.integers(0, V, (2, 12)), rng.integers(0, V, (2, 12))
+    pad = model.config.pad_token_id  # Gemma's 0: out of our loss, so out of theirs
     with exact_models():
         logits = m(torch.tensor(x)).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V),
-                                                 torch.tensor(y).reshape(-1))
+                                                 torch.tensor(y).reshape(-1),
+                                                 ignore_index=-100 if pad is None else pad)
         loss.backward()
     ours, _ = forward(model.params, model.config, x)
     our_loss, grads = loss_and_grads(model.params, model.config, x, y)
@@ -57,7 +59,7 @@ def test_float64_logits_and_every_gradient_match_transformers(tmp_path, rng, fam
     assert read_hf(tmp_path / "back", np.float64).config == model.config
 
 
-@pytest.mark.parametrize("family", ["Llama-3.2-1B", "Qwen2.5-0.5B", "Qwen3-0.6B"])
+@pytest.mark.parametrize("family", ["Llama-3.2-1B", "Qwen2.5-0.5B", "Qwen3-0.6B", "Gemma-3-1B"])
 def test_float32_logits_at_the_published_widths(tmp_path, rng, family):
     hf = reduced(ALL[family], layers=1, vocab=256)
     m = tiny_model(hf, scale=0.02, dtype=torch.float32)
@@ -84,8 +86,14 @@ def test_config_json_reads_as_its_family(family):
                                                        hf["hidden_size"])
     assert cfg.head_dim == hf.get("head_dim", hf["hidden_size"] // hf["num_attention_heads"])
     assert cfg.qkv_bias == (hf["model_type"] == "qwen2")
-    assert cfg.qk_norm == (hf["model_type"] == "qwen3")
+    assert cfg.qk_norm == (hf["model_type"] in ("qwen3", "gemma3_text"))
     assert cfg.rope_scaling == ("llama3" if hf.get("rope_scaling") else "none")
-    assert cfg.sliding_window == (hf["sliding_window"] if hf["model_type"] == "mistral" else None)
+    assert cfg.sliding_window == (hf["sliding_window"] if hf["model_type"] in (
+        "mistral", "gemma3_text") else None)
+    gemma = hf["model_type"] == "gemma3_text"
+    assert (cfg.norm_plus_one, cfg.post_norms, cfg.scale_embeddings) == (gemma,) * 3
+    assert cfg.activation == ("gelu_tanh" if gemma else "silu")
+    assert cfg.global_layers == (tuple(range(5, hf["num_hidden_layers"], 6)) if gemma else ())
+    assert cfg.local_rope_theta == (hf["rope_local_base_freq"] if gemma else None)
     assert cfg.nope_layers == tuple(l for l, f in enumerate(hf.get("no_rope_layers", [])) if not f)
     assert config_from_hf(json.loads(json.dumps(config_to_hf(cfg)))) == cfg

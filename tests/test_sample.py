@@ -75,7 +75,7 @@ def test_the_cached_decoding_is_the_model_s_own_blocks() -> None:
     assert not products
     assert not names & {"matmul", "dot", "einsum", "tensordot", "inner", "silu", "softmax",
                         "rope_forward", "rmsnorm_forward", "causal_attention_forward"}
-    assert {"layer_forward", "head_forward", "embedding_forward"} <= names
+    assert {"layer_forward", "head_forward", "embed"} <= names  # embed: the model's embedding step
 
 
 @pytest.mark.parametrize(("dtype", "tie", "prompt_len", "new", "n_kv_head"), [

@@ -32,6 +32,8 @@ class AttentionCache(NamedTuple):
     k: np.ndarray  # (B, Hkv, Sk, hd) keys, for dq = dscores @ k
     v: np.ndarray  # (B, Hkv, Sk, hd) values, for datt = dout @ v^T
     att: np.ndarray  # (B, H, Sq, Sk) the attention weights (softmax output), for dv and dscores
+    scale: float | None = None  # the scores' factor when it is not 1 / sqrt(hd) (Gemma 3's
+    # query_pre_attn_scalar ** -0.5): for dq and dk, which it multiplies as it did the scores
 
 
 def causal_mask(S: int, dtype: type = np.float32) -> np.ndarray:
@@ -107,7 +109,8 @@ def _exp_bounds(dtype: np.dtype, Sk: int) -> tuple[float, float]:
 
 
 def causal_attention_forward(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None = None
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None = None,
+    scale: float | None = None,
 ) -> tuple[np.ndarray, AttentionCache]:
     """softmax(q k^T / sqrt(hd) + causal mask) @ v, q (B, H, Sq, hd), k and v (B, Hkv, Sk, hd).
 
@@ -117,13 +120,14 @@ def causal_attention_forward(
     up to position Sk - Sq + i; with a sliding `window`, only the last `window` of them
     (`window_mask`). Returns `(out, cache)`, out (B, H, Sq, hd). See the causal attention
     chapter. The backward is the same with or without a window: a masked weight is exactly 0,
-    so no gradient reaches its score (the mask is a constant, as the causal one is).
+    so no gradient reaches its score (the mask is a constant, as the causal one is). `scale`, if
+    given, replaces 1 / sqrt(hd): scores = scale q k^T, so dq and dk take the same factor.
     """
     B, H, Sq, hd = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    scale = 1.0 / np.sqrt(hd)
+    factor = 1.0 / np.sqrt(hd) if scale is None else scale
     # scale q (S*hd numbers) rather than the scores (S*S numbers): same product, fewer ops.
-    qs = np.multiply(q, q.dtype.type(scale), out=empty(q.shape, q.dtype))  # (B, H, Sq, hd)
+    qs = np.multiply(q, q.dtype.type(factor), out=empty(q.shape, q.dtype))  # (B, H, Sq, hd)
     # a key/value head's G = H/Hkv query heads, stacked as one block of G*Sq rows: one product
     # per key/value head, and no copy of the keys
     qs = qs.reshape(B, Hkv, -1, hd)  # (B, Hkv, G*Sq, hd) a view
@@ -140,7 +144,7 @@ def causal_attention_forward(
     # than att.sum(axis=-1) over rows this short
     att /= att @ np.ones((Sk, 1), dtype=att.dtype)  # attention weights, rows sum to 1
     out = np.matmul(att, v, out=empty(qs.shape, q.dtype))  # (B, Hkv, G*Sq, hd)
-    return out.reshape(B, H, Sq, hd), AttentionCache(q, k, v, att4)
+    return out.reshape(B, H, Sq, hd), AttentionCache(q, k, v, att4, scale)
 
 
 def causal_attention_backward(
@@ -152,10 +156,10 @@ def causal_attention_backward(
     products below run over the group's G*Sq query rows at once, and the sum is in them.
     See the causal attention chapter.
     """
-    q, k, v, att = cache
+    q, k, v, att, given = cache
     B, H, Sq, hd = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    scale = q.dtype.type(1.0 / np.sqrt(hd))
+    scale = q.dtype.type(1.0 / np.sqrt(hd) if given is None else given)
     att = att.reshape(B, Hkv, -1, Sk)  # (B, Hkv, G*Sq, Sk) a view
     dout = dout.reshape(B, Hkv, -1, hd)  # (B, Hkv, G*Sq, hd), a view when G = 1
     # out = att @ v

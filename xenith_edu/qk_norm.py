@@ -3,7 +3,8 @@ Each head's hd numbers are normalized on their own and scaled by a gain (hd,) sh
 
 Derivation: a row of q (H heads of hd) is H independent RMSNorms of hd numbers with one gain, so
 the backward is RMSNorm's (see the RMSNorm chapter) on the (N*H, hd) rows; the gain, used by all
-N*H rows, fans out, and its gradient sums theirs (the used-twice rule).
+N*H rows, fans out, and its gradient sums theirs (the used-twice rule). Gemma 3's gain is 1 + w
+(`offset` 1): a constant moves the gain, so dw is the gain's gradient (see `rmsnorm`).
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ class QKNormCache(NamedTuple):
     shape: tuple[int, ...]  # u's shape (..., H*hd), for the gradient's
 
 
-def qk_norm_forward(u: np.ndarray, w: np.ndarray, eps: float
+def qk_norm_forward(u: np.ndarray, w: np.ndarray, eps: float, offset: float = 0.0
                     ) -> tuple[np.ndarray, QKNormCache]:
-    """RMSNorm over each head of u (..., H*hd), the heads side by side, gain w (hd,)."""
+    """RMSNorm over each head of u (..., H*hd), the heads side by side, gain w (hd,) (or
+    offset + w)."""
     hd = w.shape[0]
     heads = u.reshape(*u.shape[:-1], -1, hd)  # (..., H, hd), a copy if u is a strided view
-    y, norm = rmsnorm_forward(heads, w, eps)  # (..., H, hd)
+    y, norm = rmsnorm_forward(heads, w, eps, offset)  # (..., H, hd)
     return y.reshape(u.shape), QKNormCache(norm, u.shape)
 
 

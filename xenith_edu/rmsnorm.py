@@ -2,6 +2,10 @@
 The fast form the model runs; the readable form is the RMSNorm chapter's ("A readable
 implementation"), which derives the backward: dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w.
 
+Gemma's gain is offset + w with offset 1 (w stored, zeros meaning the gain one): the gain is w
+moved by a constant, whose Jacobian is the identity, so dw is the gain's gradient as it was, and
+dx is the same rule with the gain offset + w in g. Only the forward sees the offset.
+
 Fast how: row sums as dot products (no (..., d) temporaries), buffers from the workspace; the
 same values as the readable form to float32 rounding. No input checks: the model checks at its
 boundary. Measured figures are in benchmarks/README.md.
@@ -23,11 +27,13 @@ class RMSNormCache(NamedTuple):
 
     xhat: np.ndarray  # (..., d) the unit-RMS input: for dw and for the projection in dx
     rstd: np.ndarray  # (..., 1) 1 / RMS: the scale of dx
-    w: np.ndarray  # (d,) the gain: dxhat = dy * w
+    w: np.ndarray  # (d,) the gain (offset + w with an offset): dxhat = dy * gain
 
 
-def rmsnorm_forward(x: np.ndarray, w: np.ndarray, eps: float) -> tuple[np.ndarray, RMSNormCache]:
-    """Normalize the last axis of `x` (..., d) by its root mean square and scale by `w` (d,).
+def rmsnorm_forward(x: np.ndarray, w: np.ndarray, eps: float, offset: float = 0.0
+                    ) -> tuple[np.ndarray, RMSNormCache]:
+    """Normalize the last axis of `x` (..., d) by its root mean square and scale by `w` (d,),
+    or by `offset + w` (Gemma's 1 + w) with an offset.
 
     Returns `(y, cache)`. See the RMSNorm chapter.
     """
@@ -36,8 +42,9 @@ def rmsnorm_forward(x: np.ndarray, w: np.ndarray, eps: float) -> tuple[np.ndarra
     ms /= d  # mean square
     rstd = 1.0 / np.sqrt(ms + np.asarray(eps, dtype=x.dtype))  # (..., 1)
     xhat = np.multiply(x, rstd, out=empty_like(x))  # (..., d) unit-RMS input
-    y = np.multiply(xhat, w, out=empty_like(x))  # (..., d)
-    return y, RMSNormCache(xhat, rstd, w)
+    gain = w if not offset else w + np.asarray(offset, dtype=w.dtype)  # (d,)
+    y = np.multiply(xhat, gain, out=empty_like(x))  # (..., d)
+    return y, RMSNormCache(xhat, rstd, gain)
 
 
 def rmsnorm_backward(dy: np.ndarray, cache: RMSNormCache) -> tuple[np.ndarray, np.ndarray]:

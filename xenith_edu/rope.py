@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .rope_scaling import Llama3Scaling, llama3_inv_freq
+from .rope_scaling import LinearScaling, Llama3Scaling, scaled_inv_freq
 from .tools.workspace import empty
 
 # Shape legend: S positions, hd head width (even); u is (..., S, hd), e.g. (B, H, S, hd).
@@ -29,17 +29,19 @@ class RopeCache(NamedTuple):
 
 
 def rope_tables(
-    seq_len: int, head_dim: int, theta: float = 10000.0, scaling: Llama3Scaling | None = None
+    seq_len: int, head_dim: int, theta: float = 10000.0,
+    scaling: Llama3Scaling | LinearScaling | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin of the angles t * theta**(-2i/hd), each (seq_len, head_dim // 2), float64;
-    with `scaling`, the frequencies theta**(-2i/hd) after Llama 3's rule (`rope_scaling`).
+    with `scaling`, the frequencies theta**(-2i/hd) after Llama 3's or the linear rule
+    (`rope_scaling`).
 
     The sizes are trusted (a positive seq_len, an even head_dim: `Config` checks them). See the
     RoPE chapter.
     """
     inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (hd/2,)
     if scaling is not None:
-        inv_freq = llama3_inv_freq(inv_freq, scaling)  # (hd/2,) only the tables change
+        inv_freq = scaled_inv_freq(inv_freq, scaling)  # (hd/2,) only the tables change
     angle = np.arange(seq_len, dtype=np.float64)[:, None] * inv_freq[None, :]  # (S, hd/2)
     return np.cos(angle), np.sin(angle)
 

@@ -1,5 +1,6 @@
-"""RoPE frequency scaling: Llama 3.1's rule, which slows the slow rotations for a longer context.
-Only the tables change, so RoPE's backward (the rotation by the opposite angle) stays as it is.
+"""RoPE frequency scaling: Llama 3.1's rule, which slows the slow rotations for a longer context,
+and the linear rule (every frequency divided by one factor: Gemma 3's global layers). Only the
+tables change, so RoPE's backward (the rotation by the opposite angle) stays as it is.
 
 Why the backward does not change: RoPE rotates each pair of q and k by an angle t * f_i. The
 angles are constants of the model, not functions of any input or parameter, so scaling the
@@ -26,6 +27,19 @@ class Llama3Scaling(NamedTuple):
     original_context: int  # the context of the model before it was stretched (8192)
 
 
+class LinearScaling(NamedTuple):
+    """config.json's rope_scaling {"rope_type": "linear", "factor": ...}: positions t / factor."""
+
+    factor: float  # every frequency divided by it (8 in Gemma 3 4B and larger)
+
+
+def scaled_inv_freq(inv_freq: np.ndarray, s: Llama3Scaling | LinearScaling) -> np.ndarray:
+    """The frequencies (hd/2,) after rule `s`, Llama 3's or the linear one."""
+    if isinstance(s, LinearScaling):
+        return inv_freq / s.factor  # (hd/2,)
+    return llama3_inv_freq(inv_freq, s)
+
+
 def llama3_inv_freq(inv_freq: np.ndarray, s: Llama3Scaling) -> np.ndarray:
     """The frequencies (hd/2,) after Llama 3's rule: slow ones (long wavelength) divided by
     `factor`, fast ones kept, and in between a linear blend in original_context / wavelength."""
@@ -40,4 +54,4 @@ def llama3_inv_freq(inv_freq: np.ndarray, s: Llama3Scaling) -> np.ndarray:
     return np.where(medium, blended, scaled)
 
 
-__all__ = ["Llama3Scaling", "llama3_inv_freq"]
+__all__ = ["Llama3Scaling", "LinearScaling", "llama3_inv_freq", "scaled_inv_freq"]

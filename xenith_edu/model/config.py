@@ -19,7 +19,10 @@ def default_ffn_hidden(n_embd: int, multiple_of: int = 32) -> int:
 # the book's model prints as it always has.
 OPEN_FIELDS = ("head_width", "qkv_bias", "qk_norm", "rope_scaling", "rope_factor",
                "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context",
-               "sliding_window", "nope_layers", "family", "bos_token_id", "eos_token_id")
+               "sliding_window", "nope_layers", "activation", "norm_plus_one", "post_norms",
+               "scale_embeddings", "query_pre_attn_scalar", "global_layers", "local_rope_theta",
+               "family", "bos_token_id", "eos_token_id")
+ACTIVATIONS = ("silu", "gelu_tanh")  # the feed-forward's gate: SwiGLU's, GeGLU's (Gemma)
 
 
 @dataclass(frozen=True, repr=False)
@@ -55,8 +58,23 @@ class Config:
     # included (Mistral); None: every earlier position
     nope_layers: tuple[int, ...] = ()  # the layers without RoPE (SmolLM3: every fourth): their
     # q and k are not rotated, as if their tables were the angle 0
+    # -- Gemma 3's pieces (see `xenith_edu.geglu` and the model's docstring) --
+    activation: str = "silu"  # the feed-forward's gate: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    norm_plus_one: bool = False  # every RMSNorm's gain (QK-norm's too) is 1 + w, w stored:
+    # zeros mean the gain one (Gemma)
+    post_norms: bool = False  # an RMSNorm on each block's output before it joins the stream
+    # (Gemma 3): gains rms_attn_post and rms_ffn_post, four norms a layer
+    scale_embeddings: bool = False  # the embedding times sqrt(n_embd), rounded to the
+    # parameters' dtype (Gemma); the tied output projection is not scaled
+    query_pre_attn_scalar: int | None = None  # the scores' factor is its -1/2 power (Gemma 3);
+    # None (which it is also made when it equals head_dim): head_dim's
+    global_layers: tuple[int, ...] = ()  # with sliding_window: the layers without the window,
+    # which see every earlier position (Gemma 3's global layers, every sixth)
+    local_rope_theta: float | None = None  # the windowed layers' RoPE base, without
+    # rope_scaling (Gemma 3's rope_local_base_freq); None: rope_theta and rope_scaling for all
     family: str = "llama"  # the Hugging Face family it was read from and is written back as
-    # (llama, qwen2, qwen3, mistral): the file's names, not the model's mathematics
+    # (llama, qwen2, qwen3, mistral, smollm3, gemma3_text): the file's names, not the model's
+    # mathematics
     bos_token_id: int | None = None  # the tokenizer's begin and end tokens, which a converted
     eos_token_id: int | tuple[int, ...] | None = None  # model keeps for to-hf (generation stops
     # at an end token); several ends (Llama 3's) are a tuple
@@ -64,10 +82,10 @@ class Config:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_embd", "n_head", "n_layer", "ffn_hidden", "seq_len",
                      "n_kv_head", "flash_block", "head_width", "sliding_window",
-                     "rope_original_context"):
+                     "rope_original_context", "query_pre_attn_scalar"):
             value = getattr(self, name)
             if value is None and name in ("ffn_hidden", "n_kv_head", "head_width",
-                                          "sliding_window"):
+                                          "sliding_window", "query_pre_attn_scalar"):
                 continue  # derived below, from n_embd and n_head once they are checked
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"Config.{name} must be an int, got {type(value).__name__}")
@@ -92,7 +110,8 @@ class Config:
             where = ("Config.head_width: the head width" if self.head_width else
                      "Config.n_head: head width n_embd // n_head =")
             raise ValueError(f"{where} {self.head_dim} must be even for RoPE's pairs")
-        for name in ("tie_embeddings", "qkv_bias", "qk_norm"):
+        for name in ("tie_embeddings", "qkv_bias", "qk_norm", "norm_plus_one", "post_norms",
+                     "scale_embeddings"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise TypeError(f"Config.{name} must be a bool")
         self._check_rope_scaling()
@@ -106,33 +125,71 @@ class Config:
             self._check_token(name)
         if self.attention not in ("plain", "flash"):
             raise ValueError(f"Config.attention must be 'plain' or 'flash', got {self.attention!r}")
-        if isinstance(self.nope_layers, list):  # a config read back from JSON
-            object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
-        nope = self.nope_layers
-        if not isinstance(nope, tuple) or any(
-                isinstance(l, bool) or not isinstance(l, (int, np.integer))
-                or not 0 <= l < self.n_layer for l in nope) or list(nope) != sorted(set(nope)):
-            raise ValueError(f"Config.nope_layers must be increasing layer indices in "
-                             f"[0, {self.n_layer}), got {nope!r}")
+        self._layers("nope_layers")
         if not isinstance(self.family, str) or not self.family:
             raise TypeError(f"Config.family must be a family's name, got {self.family!r}")
         if self.attention == "flash" and self.sliding_window is not None:
             raise ValueError("Config.attention 'flash' has no sliding window yet: use 'plain' "
                              "with Config.sliding_window")
+        self._check_gemma()
+
+    def _layers(self, name: str) -> tuple[int, ...]:
+        """Config.`name`, a tuple of increasing layer indices (a list read back from JSON)."""
+        value = getattr(self, name)
+        if isinstance(value, list):
+            value = tuple(value)
+            object.__setattr__(self, name, value)
+        if not isinstance(value, tuple) or any(
+                isinstance(l, bool) or not isinstance(l, (int, np.integer))
+                or not 0 <= l < self.n_layer for l in value) or list(value) != sorted(set(value)):
+            raise ValueError(f"Config.{name} must be increasing layer indices in "
+                             f"[0, {self.n_layer}), got {value!r}")
+        return value
+
+    def _check_gemma(self) -> None:
+        """Gemma 3's fields: each checked, and each in one form for one model."""
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"Config.activation must be one of {', '.join(ACTIVATIONS)}, got "
+                             f"{self.activation!r}")
+        if self.query_pre_attn_scalar == self.head_dim:
+            object.__setattr__(self, "query_pre_attn_scalar", None)  # one form for one model
+        if self.attention == "flash" and self.query_pre_attn_scalar is not None:
+            raise ValueError("Config.attention 'flash' scales by head_dim only: use 'plain' "
+                             "with Config.query_pre_attn_scalar")
+        full = self._layers("global_layers")
+        if full and self.sliding_window is None:
+            raise ValueError("Config.global_layers are the layers without the window: set "
+                             "Config.sliding_window too, or leave them ()")
+        if len(full) == self.n_layer:
+            raise ValueError("Config.global_layers holds every layer: leave "
+                             "Config.sliding_window None instead")
+        theta = self.local_rope_theta
+        if theta is None:
+            return
+        if isinstance(theta, bool) or not isinstance(theta, (int, float, np.number)) \
+                or not 0 < theta < math.inf:
+            raise ValueError(f"Config.local_rope_theta must be None or a positive number, got "
+                             f"{theta!r}")
+        if self.sliding_window is None:
+            raise ValueError("Config.local_rope_theta is the windowed layers' RoPE base: set "
+                             "Config.sliding_window too, or leave it None")
+        if theta == self.rope_theta and self.rope_scaling == "none":
+            object.__setattr__(self, "local_rope_theta", None)  # the tables of every layer
 
     def _check_rope_scaling(self) -> None:
-        if self.rope_scaling not in ("none", "llama3"):
-            raise ValueError(f"Config.rope_scaling must be 'none' or 'llama3', got "
+        if self.rope_scaling not in ("none", "llama3", "linear"):
+            raise ValueError(f"Config.rope_scaling must be 'none', 'llama3' or 'linear', got "
                              f"{self.rope_scaling!r}")
         for name in ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
                     or not 0 < value < math.inf:
                 raise ValueError(f"Config.{name} must be a positive number, got {value!r}")
-        if self.rope_scaling == "none":
+        if self.rope_scaling != "llama3":  # the linear rule reads rope_factor only
+            kept = ("rope_theta", "rope_scaling") + (("rope_factor",)
+                                                     if self.rope_scaling == "linear" else ())
             moved = [f"{f.name} = {getattr(self, f.name)}" for f in fields(self)
-                     if f.name.startswith("rope_") and f.name not in ("rope_theta",
-                                                                       "rope_scaling")
+                     if f.name.startswith("rope_") and f.name not in kept
                      and getattr(self, f.name) != f.default]
             if moved:
                 raise ValueError(f"Config.{moved[0]} is a setting of the llama3 RoPE scaling: "

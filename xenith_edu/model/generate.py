@@ -15,15 +15,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..embedding import embedding_forward
 from ..swiglu import stacked_gate_up
 from .checks import check_params, check_tokens
 from .config import Config
 from .tokenizer import CharTokenizer
 from .transformer import (
     PastKV,
+    embed,
     forward,
     head_forward,
+    layer_config,
     layer_forward,
     layer_params,
     layer_tables,
@@ -100,11 +101,11 @@ def _feed(
     """
     T = len(ids)
     cos, sin = w.cos[pos : pos + T], w.sin[pos : pos + T]  # (T, (d + dkv)/2) new positions
-    h, _ = embedding_forward(params["wte"], np.asarray(ids)[None, :])  # (1, T, d)
+    h, _ = embed(params, cfg, np.asarray(ids)[None, :])  # (1, T, d)
     h = h.reshape(T, cfg.n_embd)  # (T, d) the residual stream of the new positions
     for l, p in enumerate(w.layers):
         cl, sl = layer_tables(cfg, l, cos, sin)  # the angle 0 in a layer without RoPE
-        h, _ = layer_forward(h, p, cfg, cl, sl, PastKV(kv.k[l], kv.v[l], pos))  # (T, d)
+        h, _ = layer_forward(h, p, layer_config(cfg, l), cl, sl, PastKV(kv.k[l], kv.v[l], pos))
     logits, _ = head_forward(h[-1:], params, cfg)  # (1, V) the last position only
     return logits[0]  # (V,)
 

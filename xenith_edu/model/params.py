@@ -6,7 +6,9 @@ width of the queries (d unless head_dim is given), dkv = n_kv_head * head_dim th
 keys and of the values (d without grouped-query attention), hd head width.
 
 `PARAMS` is the contract's table, the book's LLaMA; `OPEN_PARAMS` the parameters that the open
-models add (biases, QK-norm gains), each present when its Config field asks for it.
+models add (biases, QK-norm gains, Gemma 3's norms after the blocks), each present when its
+Config field asks for it. With Config.norm_plus_one (Gemma) a gain is stored as w in 1 + w: it
+starts at zero.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ OPEN_PARAMS: tuple[Param, ...] = (
           when=lambda c: c.qk_norm, after="wv"),
     Param("k_norm", lambda c: (c.n_layer, c.head_dim), "gain", False, True,
           when=lambda c: c.qk_norm, after="q_norm"),
+    Param("rms_attn_post", lambda c: (c.n_layer, c.n_embd), "gain", False, True,
+          when=lambda c: c.post_norms, after="wo"),
+    Param("rms_ffn_post", lambda c: (c.n_layer, c.n_embd), "gain", False, True,
+          when=lambda c: c.post_norms, after="w2"),
 )
 
 
@@ -100,12 +106,13 @@ def decays(name: str) -> bool:
 
 
 def init_params(cfg: Config, seed: int = 0, dtype: type = np.float32) -> dict[str, np.ndarray]:
-    """Weights drawn from N(0, 0.02**2), RMSNorm gains set to one, biases to zero."""
+    """Weights drawn from N(0, 0.02**2), RMSNorm gains set to one (w = 0 in Gemma's 1 + w),
+    biases to zero."""
     rng = np.random.default_rng(seed)
     params = {}
     for name, shape in param_shapes(cfg).items():
         if PARAM[name].kind == "gain":
-            params[name] = np.ones(shape, dtype=dtype)
+            params[name] = (np.zeros if cfg.norm_plus_one else np.ones)(shape, dtype=dtype)
         elif PARAM[name].kind == "bias":
             params[name] = np.zeros(shape, dtype=dtype)
         else:
@@ -115,15 +122,17 @@ def init_params(cfg: Config, seed: int = 0, dtype: type = np.float32) -> dict[st
 
 def random_params(cfg: Config, rng: np.random.Generator, scale: float = 0.4,
                   gain_spread: float = 0.3, dtype: type = np.float64) -> dict[str, np.ndarray]:
-    """Non-degenerate parameters for gradient checks: weights N(0, scale²), gains 1 + spread·N(0,1).
+    """Non-degenerate parameters for gradient checks: weights N(0, scale²), gains 1 + spread·N(0,1)
+    (w = spread·N(0,1) when the gain is 1 + w, Config.norm_plus_one).
 
     Init-scale weights (0.02) make every layer nearly linear and every gain exactly one, so a
     wrong gradient can hide; these make every term of the backward pass matter.
     """
     params = {}
+    one = 0.0 if cfg.norm_plus_one else 1.0
     for name, shape in param_shapes(cfg).items():
         if PARAM[name].kind == "gain":
-            params[name] = (1.0 + gain_spread * rng.standard_normal(shape)).astype(dtype)
+            params[name] = (one + gain_spread * rng.standard_normal(shape)).astype(dtype)
         else:
             params[name] = (scale * rng.standard_normal(shape)).astype(dtype)
     return params

@@ -7,6 +7,13 @@ in reverse, and each cache is a NamedTuple that keeps what its backward needs an
 Grouped-query attention (`Config.n_kv_head` < `n_head`, as SmolLM and Llama 3) narrows wk and
 wv; the attention components share each key/value head among its query heads.
 
+Gemma 3's pieces are switches of the same blocks: GeGLU for SwiGLU (`xenith_edu.geglu`), gains
+1 + w (`rmsnorm`'s offset), an RMSNorm on each block's output (`post_norms`; in reverse, the
+block's gradient passes through it first), the embedding times s = sqrt(d) (`embed`: dwte
+gathers s * dh, the chain rule on a constant factor), the scores scaled by
+query_pre_attn_scalar ** -1/2, and local and global layers (`layer_config`, `layer_tables`: a
+layer's window and RoPE tables are the only things that differ, so nothing else changes).
+
 Where inputs are checked: at the boundaries only. `Config` checks the sizes (with the head
 counts and the flash block size); `forward`, `backward` and `loss_and_grads` check the
 parameters (keys, shapes, one float32 or float64 dtype) and the tokens (integer ids in [0, V),
@@ -21,7 +28,9 @@ to the next (no page faults, no process setting); benchmarks/README.md has the m
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -30,11 +39,12 @@ from ..attention import AttentionCache, causal_attention_backward, causal_attent
 from ..bias import BiasCache, bias_backward, bias_forward
 from ..embedding import EmbeddingCache, embedding_backward, embedding_forward
 from ..flash_attention import FlashCache, flash_attention_backward, flash_attention_forward
+from ..geglu import GeGLUCache, geglu_backward, geglu_forward
 from ..linear import LinearCache, linear_backward, linear_forward
 from ..qk_norm import QKNormCache, qk_norm_backward, qk_norm_forward
 from ..rmsnorm import RMSNormCache, rmsnorm_backward, rmsnorm_forward
 from ..rope import RopeCache, rope_backward, rope_forward, rope_tables
-from ..rope_scaling import Llama3Scaling
+from ..rope_scaling import LinearScaling, Llama3Scaling
 from ..softmax_ce import softmax_cross_entropy
 from ..swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
 from ..tools.workspace import empty, empty_like
@@ -45,8 +55,8 @@ from .params import PARAM, layer_names, param_shapes
 __all__ = [
     "AttentionBlockCache", "HeadCache", "LayerCache", "ModelCache", "PastKV",
     "SwiGLUBlockCache", "attention_block_backward", "attention_block_forward", "backward",
-    "forward", "head_backward", "head_forward", "layer_backward", "layer_forward",
-    "layer_params", "layer_tables",
+    "embed", "embed_scale", "forward", "head_backward", "head_forward", "layer_backward",
+    "layer_config", "layer_forward", "layer_params", "layer_tables",
     "loss_and_grads", "merge_heads", "qk_rope_tables", "split_heads",
     "swiglu_block_backward", "swiglu_block_forward",
 ]
@@ -70,10 +80,12 @@ def merge_heads(u: np.ndarray) -> np.ndarray:
     return out.reshape(B * S, H * hd)
 
 
-def rope_scaling(cfg: Config) -> Llama3Scaling | None:
-    """The frequency rule of `cfg`'s RoPE: Llama 3's scaling, or None for the plain one."""
+def rope_scaling(cfg: Config) -> Llama3Scaling | LinearScaling | None:
+    """The frequency rule of `cfg`'s RoPE: Llama 3's scaling, the linear one, or None."""
     if cfg.rope_scaling == "none":
         return None
+    if cfg.rope_scaling == "linear":
+        return LinearScaling(cfg.rope_factor)
     return Llama3Scaling(cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
                          cfg.rope_original_context)
 
@@ -85,22 +97,50 @@ def qk_rope_tables(cfg: Config, seq_len: int, dtype: type) -> tuple[np.ndarray, 
     of the q and k columns, so that one pass over the rows rotates every head: pair j of a row
     gets the angle of pair j mod hd/2. (Rotating head by head, over (B, H + Hkv, S, hd) views,
     gives the same numbers in loops of hd/2 pairs: 2.5 times slower.) Made once per forward
-    pass and shared by every layer.
+    pass and shared by every layer. With Config.local_rope_theta (Gemma 3) the windowed layers'
+    tables, plain RoPE at that base, sit beside them: (seq_len, dq + dkv) each, and
+    `layer_tables` takes a layer's half.
     """
     cos, sin = rope_tables(seq_len, cfg.head_dim, cfg.rope_theta,
                            rope_scaling(cfg))  # (seq_len, hd/2) float64
     heads = cfg.n_head + cfg.n_kv_head
-    return np.tile(cos.astype(dtype), heads), np.tile(sin.astype(dtype), heads)
+    cos, sin = np.tile(cos.astype(dtype), heads), np.tile(sin.astype(dtype), heads)
+    if cfg.local_rope_theta is None:
+        return cos, sin  # (seq_len, (dq + dkv)/2) each
+    lcos, lsin = rope_tables(seq_len, cfg.head_dim, cfg.local_rope_theta)  # (seq_len, hd/2)
+    return (np.concatenate((cos, np.tile(lcos.astype(dtype), heads)), axis=1),
+            np.concatenate((sin, np.tile(lsin.astype(dtype), heads)), axis=1))  # (seq_len,
+    # dq + dkv) each: the global tables, then the local ones
 
 
 def layer_tables(cfg: Config, l: int, cos: np.ndarray, sin: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Layer l's RoPE tables: `cos`, `sin`, or for a layer without RoPE (Config.nope_layers) the
-    angle 0 (cos 1, sin 0): a rotation by 0 leaves q and k exactly as they are, and its
-    backward, the rotation back by 0, leaves dq and dk. Only the tables change."""
+    """Layer l's RoPE tables from `qk_rope_tables`' (S, ...): the global or, for a windowed
+    layer of a model with Config.local_rope_theta, the local half (S, (dq + dkv)/2); for a
+    layer without RoPE (Config.nope_layers) the angle 0 (cos 1, sin 0): a rotation by 0 leaves
+    q and k exactly as they are, and its backward, the rotation back by 0, leaves dq and dk.
+    Only the tables change."""
+    if cfg.local_rope_theta is not None:
+        w = cos.shape[1] // 2
+        half = slice(0, w) if l in cfg.global_layers else slice(w, None)
+        cos, sin = cos[:, half], sin[:, half]  # (S, (dq + dkv)/2) views
     if l not in cfg.nope_layers:
         return cos, sin
     return np.ones_like(cos), np.zeros_like(sin)
+
+
+@functools.lru_cache(maxsize=256)
+def layer_config(cfg: Config, l: int) -> Config:
+    """The model as layer l runs it: `cfg`, or for a global layer of a windowed model
+    (Config.global_layers, Gemma 3) the same without the window. Made once per (cfg, l)."""
+    if l not in cfg.global_layers:
+        return cfg
+    return replace(cfg, sliding_window=None, global_layers=(), local_rope_theta=None)
+
+
+def _offset(cfg: Config) -> float:
+    """The constant of the RMSNorm gains: 1 for Gemma's 1 + w (Config.norm_plus_one), else 0."""
+    return 1.0 if cfg.norm_plus_one else 0.0
 
 
 def layer_params(params: dict, l: int) -> dict[str, np.ndarray]:
@@ -122,6 +162,7 @@ class AttentionBlockCache(NamedTuple):
     attention: AttentionCache | FlashCache  # a = attention(q, k, v): rotated q, k, v and the
     # weights (B, H, S, S), or with flash attention the output and its log-sum-exp (B, H, S)
     out: LinearCache  # out = merge_heads(a) @ wo: both factors
+    post: RMSNormCache | None = None  # out = rmsnorm(out, rms_attn_post) (Config.post_norms)
 
 
 class QKNormPair(NamedTuple):
@@ -162,9 +203,9 @@ def _normed_qk(qk: np.ndarray, p: dict, cfg: Config) -> tuple[np.ndarray, QKNorm
     """QK-norm (Config.qk_norm) on qk (B, S, dq + dkv): each head of q and of k by its gain."""
     if not cfg.qk_norm:
         return qk, None
-    dq = cfg.q_dim
-    qn, qc = qk_norm_forward(qk[..., :dq], p["q_norm"], cfg.norm_eps)  # (B, S, dq)
-    kn, kc = qk_norm_forward(qk[..., dq:], p["k_norm"], cfg.norm_eps)  # (B, S, dkv)
+    dq, one = cfg.q_dim, _offset(cfg)
+    qn, qc = qk_norm_forward(qk[..., :dq], p["q_norm"], cfg.norm_eps, one)  # (B, S, dq)
+    kn, kc = qk_norm_forward(qk[..., dq:], p["k_norm"], cfg.norm_eps, one)  # (B, S, dkv)
     return np.concatenate((qn, kn), axis=-1), QKNormPair(qc, kc)  # (B, S, dq + dkv)
 
 
@@ -184,7 +225,7 @@ def attention_block_forward(
     """
     S, H, Hkv, dq, dkv = cos.shape[0], cfg.n_head, cfg.n_kv_head, cfg.q_dim, cfg.kv_dim
     B, w = h.shape[0] // S, dq + 2 * dkv
-    xb, norm = rmsnorm_forward(h, p["rms_attn"], cfg.norm_eps)  # (N, d)
+    xb, norm = rmsnorm_forward(h, p["rms_attn"], cfg.norm_eps, _offset(cfg))  # (N, d)
     # q, k, v = xb @ wq (+ bq), xb @ wk (+ bk), xb @ wv (+ bv), as one product
     qkv, qkv_cache, bias = _qkv(xb, p, cfg)  # (N, dq + 2dkv)
     qk, qk_norm = _normed_qk(qkv.reshape(B, S, w)[:, :, : dq + dkv], p, cfg)  # (B, S, dq + dkv)
@@ -202,9 +243,15 @@ def attention_block_forward(
     if cfg.attention == "flash" and past is None:  # the same values, without (S, S) weights
         a, attention = flash_attention_forward(q, k, v, cfg.flash_block)  # (B, H, S, hd)
     else:  # (decoding's weights are (S, P), one row per new position: the plain form)
-        a, attention = causal_attention_forward(q, k, v, cfg.sliding_window)  # (B, H, S, hd)
+        scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
+        a, attention = causal_attention_forward(q, k, v, cfg.sliding_window, scale)  # (B, H, S,
+        # hd)
     out, out_cache = linear_forward(merge_heads(a), p["wo"])  # (N, d)
-    return out, AttentionBlockCache(norm, qkv_cache, bias, qk_norm, rope, attention, out_cache)
+    post = None
+    if cfg.post_norms:  # Gemma 3: the branch's output normalized before it joins the stream
+        out, post = rmsnorm_forward(out, p["rms_attn_post"], cfg.norm_eps, _offset(cfg))  # (N, d)
+    return out, AttentionBlockCache(norm, qkv_cache, bias, qk_norm, rope, attention, out_cache,
+                                    post)
 
 
 def _qk_grads(dqk: np.ndarray, cache: AttentionBlockCache, grads: dict) -> None:
@@ -226,6 +273,8 @@ def attention_block_backward(
     Hkv = cache.attention.k.shape[1]
     dq, dkv = H * hd, Hkv * hd
     grads: dict[str, np.ndarray] = {}
+    if cache.post is not None:  # out = rmsnorm(out, rms_attn_post): the last step, first back
+        dout, grads["rms_attn_post"] = rmsnorm_backward(dout, cache.post)  # (N, d), (d,)
     # out = merge_heads(a) @ wo
     dam, dwo = linear_backward(dout, cache.out)  # (N, dq), (dq, d)
     da = split_heads(dam, B, S, H)  # (B, H, S, hd)
@@ -262,10 +311,11 @@ def attention_block_backward(
 # -- the SwiGLU block: h + swiglu_block(h) --------------------------------------------------
 
 class SwiGLUBlockCache(NamedTuple):
-    """What `swiglu_block_backward` needs: the two component caches, unopened."""
+    """What `swiglu_block_backward` needs: the component caches, unopened."""
 
     norm: RMSNormCache  # x2b = rmsnorm(h, rms_ffn)
-    swiglu: SwiGLUCache  # out = swiglu(x2b, w1, w3, w2)
+    swiglu: SwiGLUCache | GeGLUCache  # out = swiglu(x2b, w1, w3, w2), or geglu (Gemma)
+    post: RMSNormCache | None = None  # out = rmsnorm(out, rms_ffn_post) (Config.post_norms)
 
 
 def swiglu_block_forward(
@@ -275,21 +325,36 @@ def swiglu_block_forward(
 
     h is the stream (N, d), p the layer's parameters. Returns `(out, cache)`, out (N, d).
     """
-    x2b, norm = rmsnorm_forward(h, p["rms_ffn"], cfg.norm_eps)  # (N, d)
-    out, swiglu = swiglu_forward(x2b, p["w1"], p["w3"], p["w2"], p.get("w13"))  # (N, d); w13:
-    # [w1 / 2, w3] when the caller stacked it once (decoding)
-    return out, SwiGLUBlockCache(norm, swiglu)
+    one = _offset(cfg)
+    x2b, norm = rmsnorm_forward(h, p["rms_ffn"], cfg.norm_eps, one)  # (N, d)
+    ffn: SwiGLUCache | GeGLUCache
+    if cfg.activation == "gelu_tanh":  # GeGLU (Gemma): the gate is GELU's tanh form
+        out, ffn = geglu_forward(x2b, p["w1"], p["w3"], p["w2"])  # (N, d)
+    else:
+        out, ffn = swiglu_forward(x2b, p["w1"], p["w3"], p["w2"], p.get("w13"))  # (N, d); w13:
+        # [w1 / 2, w3] when the caller stacked it once (decoding)
+    post = None
+    if cfg.post_norms:  # Gemma 3: the branch's output normalized before it joins the stream
+        out, post = rmsnorm_forward(out, p["rms_ffn_post"], cfg.norm_eps, one)  # (N, d)
+    return out, SwiGLUBlockCache(norm, ffn, post)
 
 
 def swiglu_block_backward(
     dout: np.ndarray, cache: SwiGLUBlockCache
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The feed-forward branch in reverse: `(dh, grads)`, grads holding rms_ffn, w1, w3, w2."""
-    # out = swiglu(x2b, w1, w3, w2)
-    dx2b, dw1, dw3, dw2 = swiglu_backward(dout, cache.swiglu)  # (N, d) and the three weights
+    """The feed-forward branch in reverse: `(dh, grads)`, grads holding rms_ffn, w1, w3, w2
+    (and rms_ffn_post with Config.post_norms)."""
+    post = {}
+    if cache.post is not None:  # out = rmsnorm(out, rms_ffn_post): the last step, first back
+        dout, post["rms_ffn_post"] = rmsnorm_backward(dout, cache.post)  # (N, d), (d,)
+    # out = swiglu(x2b, w1, w3, w2), or geglu's
+    if isinstance(cache.swiglu, GeGLUCache):
+        dx2b, dw1, dw3, dw2 = geglu_backward(dout, cache.swiglu)  # (N, d) and the three weights
+    else:
+        dx2b, dw1, dw3, dw2 = swiglu_backward(dout, cache.swiglu)
     # x2b = rmsnorm(h, rms_ffn)
     dh, drms = rmsnorm_backward(dx2b, cache.norm)  # (N, d), (d,)
-    return dh, {"rms_ffn": drms, "w1": dw1, "w3": dw3, "w2": dw2}
+    return dh, {"rms_ffn": drms, "w1": dw1, "w3": dw3, "w2": dw2, **post}
 
 
 # -- one layer: the two blocks and their residual connections --------------------------------
@@ -342,7 +407,7 @@ class HeadCache(NamedTuple):
 
 def head_forward(h: np.ndarray, params: dict, cfg: Config) -> tuple[np.ndarray, HeadCache]:
     """The top of the model on the stream h (N, d): logits (N, V) = rmsnorm(h) @ w_out.T."""
-    xf, norm = rmsnorm_forward(h, params["rms_final"], cfg.norm_eps)  # (N, d)
+    xf, norm = rmsnorm_forward(h, params["rms_final"], cfg.norm_eps, _offset(cfg))  # (N, d)
     name = "wte" if cfg.tie_embeddings else "lm_head"
     w_out = params[name]  # (V, d)
     logits = np.matmul(xf, w_out.T, out=empty((xf.shape[0], w_out.shape[0]), xf.dtype))  # (N, V)
@@ -360,6 +425,23 @@ def head_backward(
     # xf = rmsnorm(h, rms_final)
     dh, drms = rmsnorm_backward(dxf, cache.norm)  # (N, d), (d,)
     return dh, {"rms_final": drms, cache.w_out_name: dw_out}
+
+
+# -- the embedding: h = s * wte[x] -----------------------------------------------------------
+
+def embed_scale(cfg: Config, dtype: type) -> float | None:
+    """The embedding's factor: sqrt(n_embd) rounded to `dtype` (Config.scale_embeddings, Gemma:
+    transformers casts it to the weights' dtype), or None (the factor one)."""
+    return float(np.dtype(dtype).type(cfg.n_embd ** 0.5)) if cfg.scale_embeddings else None
+
+
+def embed(params: dict, cfg: Config, x: np.ndarray) -> tuple[np.ndarray, EmbeddingCache]:
+    """The stream's start (B, S, d): wte[x], times `embed_scale` if the model scales it."""
+    h, cache = embedding_forward(params["wte"], x)  # (B, S, d) a new array: ours to scale
+    scale = embed_scale(cfg, h.dtype)
+    if scale is not None:
+        h *= h.dtype.type(scale)
+    return h, cache
 
 
 # -- the whole model -----------------------------------------------------------------------
@@ -394,16 +476,17 @@ def forward(
     B, S = x.shape
     cos, sin = qk_rope_tables(cfg, S, dtype)  # (S, (d + dkv)/2) each, shared by the layers
 
-    h, embedding = embedding_forward(params["wte"], x)  # (B, S, d)
+    h, embedding = embed(params, cfg, x)  # (B, S, d)
     h = h.reshape(B * S, cfg.n_embd)  # (N, d) the residual stream
     layers, layer_inputs = [], []
     for l in range(cfg.n_layer):
         cl, sl = layer_tables(cfg, l, cos, sin)  # (S, (dq + dkv)/2) each
+        cfg_l = layer_config(cfg, l)  # its window: none in a global layer
         if recompute:
             layer_inputs.append(h)
-            h, _ = layer_forward(h, layer_params(params, l), cfg, cl, sl)
+            h, _ = layer_forward(h, layer_params(params, l), cfg_l, cl, sl)
         else:
-            h, layer = layer_forward(h, layer_params(params, l), cfg, cl, sl)
+            h, layer = layer_forward(h, layer_params(params, l), cfg_l, cl, sl)
             layers.append(layer)
     logits, head = head_forward(h, params, cfg)  # (N, V)
     logits = logits.reshape(B, S, -1)  # (B, S, V)
@@ -443,7 +526,7 @@ def backward(
         else:  # recompute: run layer l's forward again from its input
             p = layer_params(params, l)
             cl, sl = layer_tables(cfg, l, cache.cos, cache.sin)
-            _, layer = layer_forward(cache.layer_inputs[l], p, cfg, cl, sl)
+            _, layer = layer_forward(cache.layer_inputs[l], p, layer_config(cfg, l), cl, sl)
         dh, grads_l = layer_backward(dh, layer)
         del layer
         if release:  # nothing reads layer l's cache again
@@ -452,6 +535,9 @@ def backward(
             grads[name][l] = g
         if on_layer is not None:
             on_layer(l, grads_l)
+    scale = embed_scale(cfg, dh.dtype)
+    if scale is not None:  # h = s * wte[x]: the gathered rows' gradient is s * dh
+        dh *= dh.dtype.type(scale)
     # h = wte[x]: scatter-add into the embedding rows.
     dwte = embedding_backward(dh.reshape(B, S, -1), cache.embedding)  # (V, d)
     if cfg.pad_token_id is not None:  # transformers' padding_idx: the pad row learns nothing

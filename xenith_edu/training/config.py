@@ -50,9 +50,11 @@ MODEL_HELP = {
 
 # the model's fields that no run setting sets: the text's, the tokenizer's special tokens, the
 # Hugging Face family a checkpoint was read from (for to-hf), and the numbers of Llama 3's RoPE
-# scaling (a checkpoint's: `--rope-scaling llama3` takes Llama 3.1's), the layers without RoPE
+# scaling (a checkpoint's: `--rope-scaling llama3` takes Llama 3.1's), the layers without RoPE,
+# and Gemma 3's pieces (a checkpoint's architecture, read by from-hf)
 NOT_SETTINGS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "family",
-                "nope_layers",
+                "nope_layers", "activation", "norm_plus_one", "post_norms", "scale_embeddings",
+                "query_pre_attn_scalar", "global_layers", "local_rope_theta",
                 "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
                 "rope_original_context")
 
@@ -194,8 +196,12 @@ class TrainConfig:
 
 
 def _follows_rule(model: Config, name: str) -> bool:
-    """Whether the model's `name`, a size that defaults from others, has its default value."""
-    return getattr(model, name) == getattr(replace(model, **{name: None}), name)
+    """Whether the model's `name`, a size that defaults from others, has its default value (not
+    when its default is no model: a head width given because n_embd / n_head is odd)."""
+    try:
+        return getattr(model, name) == getattr(replace(model, **{name: None}), name)
+    except (ValueError, TypeError):
+        return False
 
 
 # The book recipe: nanoGPT's CPU recipe for char-level Shakespeare, on our model.

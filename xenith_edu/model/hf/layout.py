@@ -1,5 +1,6 @@
-"""A Hugging Face LLaMA, Qwen2.5, Qwen3 or Mistral in the book's layout and back: config.json as
-a `Config`, the weights transposed, q and k rows re-paired from rotate-half to interleaved.
+"""A Hugging Face LLaMA, Qwen2.5, Qwen3, Mistral, SmolLM3 or Gemma 3 (text) in the book's layout
+and back: config.json as a `Config`, the weights transposed, q and k rows re-paired from
+rotate-half to interleaved.
 
 Shape legend: V vocab, d width, H heads, Hkv key/value heads, hd head width, f SwiGLU hidden,
 L layers. A checkpoint's nn.Linear weight is (out, in); ours is (in, out).
@@ -48,11 +49,15 @@ def _rope(hf: dict) -> dict:
         if not isinstance(rope, dict):
             raise _refuse(key, rope, "expected a JSON object or null")
         kind = rope.get("rope_type", rope.get("type", "default"))
-        if kind not in ("default", "llama3"):
-            raise _refuse(key, kind, "the book's RoPE has the plain frequencies and Llama 3's "
-                                     "scaling only, so this checkpoint cannot be represented")
+        if kind not in ("default", "llama3", "linear"):
+            raise _refuse(key, kind, "the book's RoPE has the plain frequencies, Llama 3's and "
+                                     "the linear scaling only, so this checkpoint cannot be "
+                                     "represented")
         if "rope_theta" in rope:
             out["rope_theta"] = float(_number(rope, "rope_theta", float))
+        if kind == "linear":
+            out.update(rope_scaling="linear", rope_factor=_number(rope, "factor", float, None,
+                                                                  f"{key}."))
         if kind == "llama3":
             out.update(rope_scaling="llama3", **{ours: _number(rope, theirs, kind_, None,
                                                                 f"{key}.")
@@ -66,7 +71,7 @@ LLAMA3 = {"factor": ("rope_factor", float), "low_freq_factor": ("rope_low_freq_f
 # model_type -> the architecture transformers loads; each family's own fields in `_family`
 FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
             "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
-            "smollm3": "SmolLM3ForCausalLM"}
+            "smollm3": "SmolLM3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 
 
 def _flag(hf: dict, key: str, allowed: bool, why: str) -> None:
@@ -108,6 +113,83 @@ def _family(hf: dict, kind: str, n_layer: int) -> dict:
             "nope_layers": nope}
 
 
+GEMMA_ACT = {"gelu_pytorch_tanh": "gelu_tanh", "silu": "silu"}  # hidden_activation -> ours
+GEMMA_TOKENS = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}  # transformers' defaults
+GEMMA_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}  # its default bases
+
+
+def _gemma_rope(hf: dict) -> dict:
+    """Gemma 3's two RoPEs: the global layers' (rope_theta, with rope_scaling) and the windowed
+    layers' (rope_local_base_freq, plain); transformers 5 writes them as rope_parameters per
+    layer type."""
+    per_type = hf.get("rope_parameters")
+    if not (isinstance(per_type, dict) and set(per_type) & set(GEMMA_THETA)):
+        out = _rope({**hf, "rope_theta": hf.get("rope_theta", GEMMA_THETA["full_attention"])})
+        local = _number(hf, "rope_local_base_freq", float, GEMMA_THETA["sliding_attention"])
+        return {**out, "local_rope_theta": float(local)}
+    if set(per_type) - set(GEMMA_THETA):
+        raise _refuse("rope_parameters", sorted(per_type), "expected full_attention and "
+                                                           "sliding_attention only")
+    full, local = (per_type.get(t) or {} for t in GEMMA_THETA)
+    for name, rope in (("full_attention", full), ("sliding_attention", local)):
+        if not isinstance(rope, dict):
+            raise _refuse(f"rope_parameters.{name}", rope, "expected a JSON object")
+    if local.get("rope_type", "default") != "default":
+        raise _refuse("rope_parameters.sliding_attention.rope_type", local.get("rope_type"),
+                      "Gemma 3's windowed layers turn at the plain frequencies")
+    out = _rope({"rope_theta": GEMMA_THETA["full_attention"], "rope_parameters": full})
+    theta = _number(local, "rope_theta", float, GEMMA_THETA["sliding_attention"],
+                    "rope_parameters.sliding_attention.")
+    return {**out, "local_rope_theta": float(theta)}
+
+
+def _gemma_layers(hf: dict, n_layer: int) -> dict:
+    """The window and the global layers: layer_types, or every sliding_window_pattern-th layer
+    global (6 by default), as transformers makes them; every layer global: no window."""
+    types = hf.get("layer_types")
+    if types is None:
+        key = "_sliding_window_pattern" if "_sliding_window_pattern" in hf else \
+            "sliding_window_pattern"
+        every = _number(hf, key, int, 6)
+        types = ["sliding_attention" if (l + 1) % every else "full_attention"
+                 for l in range(n_layer)]
+    if not isinstance(types, list) or len(types) != n_layer or any(
+            t not in ("sliding_attention", "full_attention") for t in types):
+        raise _refuse("layer_types", types, f"expected {n_layer} of sliding_attention and "
+                                            "full_attention")
+    full = tuple(l for l, t in enumerate(types) if t == "full_attention")
+    if len(full) == n_layer:
+        return {"sliding_window": None, "global_layers": ()}
+    return {"sliding_window": _number(hf, "sliding_window", int, 4096), "global_layers": full}
+
+
+def _gemma(hf: dict, n_layer: int) -> dict:
+    """What Gemma 3 adds: GeGLU, gains 1 + w, norms after the blocks, the scaled embedding,
+    QK-norm, the scores' scale, local and global layers with their RoPEs; the fields the book's
+    model has not (soft caps, bidirectional attention, biases) refused by name."""
+    _flag(hf, "attention_bias", False, "the book's attention has no biases on Gemma's "
+          "projections")
+    for key, what in (("attn_logit_softcapping", "scores"), ("final_logit_softcapping",
+                                                             "logits")):
+        if hf.get(key) is not None:
+            raise _refuse(key, hf[key], f"the book's model has no soft cap on its {what}")
+    if hf.get("use_bidirectional_attention") not in (None, False):
+        raise _refuse("use_bidirectional_attention", hf["use_bidirectional_attention"],
+                      "the book's attention is causal")
+    act = hf.get("hidden_activation", "gelu_pytorch_tanh")
+    if not isinstance(act, str) or act not in GEMMA_ACT:
+        raise _refuse("hidden_activation", act, "the book's feed-forward gates with "
+                                                f"{' or '.join(GEMMA_ACT)}")
+    layers = _gemma_layers(hf, n_layer)
+    rope = _gemma_rope(hf)
+    if layers["sliding_window"] is None:
+        rope["local_rope_theta"] = None  # no windowed layer reads it
+    return {"activation": GEMMA_ACT[act], "norm_plus_one": True, "post_norms": True,
+            "scale_embeddings": True, "qk_norm": True,
+            "query_pre_attn_scalar": _number(hf, "query_pre_attn_scalar", int, 256),
+            **layers, **rope}
+
+
 TOKEN_FIELDS =  ("pad_token_id", "bos_token_id", "eos_token_id")  # same names in both
 
 
@@ -124,27 +206,36 @@ def _token_ids(hf: dict, key: str, vocab: int) -> int | tuple[int, ...] | None:
 
 
 def config_from_hf(hf: object) -> Config:
-    """The `Config` of a LLaMA config.json (already parsed); ValueError naming the field that
-    the book's model cannot represent (RoPE scaling, biases, head_dim, activation, type)."""
+    """The `Config` of a config.json of a family the book reads (already parsed); ValueError
+    naming the field that the book's model cannot represent (RoPE scaling, biases, head_dim,
+    activation, soft caps, type)."""
     if not isinstance(hf, dict):
         raise ValueError(f"config.json holds a {type(hf).__name__}, not a JSON object")
     kind = hf.get("model_type", "llama")
     if not isinstance(kind, str) or kind not in FAMILIES:
         raise _refuse("model_type", kind, f"the book reads {', '.join(FAMILIES)} checkpoints")
-    if hf.get("hidden_act", "silu") != "silu":
+    gemma = kind == "gemma3_text"  # its gate is hidden_activation; transformers ignores hidden_act
+    if gemma:
+        hf = {**GEMMA_TOKENS, **hf}  # what transformers takes when the file says nothing
+    elif hf.get("hidden_act", "silu") != "silu":
         raise _refuse("hidden_act", hf.get("hidden_act"), "the book's SwiGLU gates with SiLU")
     sizes = {ours: _number(hf, key, int) for key, ours in INT_FIELDS.items()}
     H = sizes["n_head"]
     hkv = _number(hf, "num_key_value_heads", int, H)
+    if gemma:
+        hf = {"head_dim": 256, **hf}  # Gemma 3's default head width, whatever the model's
     head_dim = hf.get("head_dim")
     if head_dim is not None and _number(hf, "head_dim", int) % 2:
         raise _refuse("head_dim", head_dim, "RoPE turns pairs: a head's width must be even")
-    tie = hf.get("tie_word_embeddings", False)
+    tie = hf.get("tie_word_embeddings", gemma)
     if not isinstance(tie, bool):
         raise _refuse("tie_word_embeddings", tie, "expected true or false")
     tokens = {k: _token_ids(hf, k, sizes["vocab_size"]) for k in TOKEN_FIELDS}
     eps = float(_number(hf, "rms_norm_eps", float, 1e-6))
-    rope, family = _rope(hf), _family(hf, kind, sizes["n_layer"])  # their errors name their fields
+    if gemma:  # its errors name its fields
+        rope, family = {}, _gemma(hf, sizes["n_layer"])
+    else:
+        rope, family = _rope(hf), _family(hf, kind, sizes["n_layer"])
     try:
         return Config(**sizes, n_kv_head=hkv, tie_embeddings=tie, norm_eps=eps, family=kind,
                       head_width=head_dim, **rope, **family, **tokens)
@@ -157,10 +248,40 @@ FAMILY_OF = {"qkv_bias": "qwen2", "qk_norm": "qwen3", "sliding_window": "mistral
              "nope_layers": "smollm3"}
 
 
+# what only Gemma 3 has, and what a gemma3_text always has
+GEMMA_MARKS = ("norm_plus_one", "post_norms", "scale_embeddings", "query_pre_attn_scalar",
+               "global_layers", "local_rope_theta", "activation")
+GEMMA_ALWAYS = ("norm_plus_one", "post_norms", "scale_embeddings", "qk_norm")
+
+
+def gemma_marks(cfg: Config) -> list[str]:
+    """The fields of `cfg` that only Gemma 3 has (an activation other than SiLU among them)."""
+    return [k for k in GEMMA_MARKS if getattr(cfg, k) not in (False, (), None, "silu")]
+
+
+def _gemma_can_hold(cfg: Config, marks: list[str]) -> None:
+    """ValueError naming the field if Gemma 3 cannot hold `cfg`, which has Gemma's `marks`."""
+    lacking = [k for k in GEMMA_ALWAYS if not getattr(cfg, k)]
+    if lacking:
+        raise ValueError(f"no Hugging Face family has {marks[0]} without {lacking[0]}: this "
+                         "model cannot be written as a transformers folder")
+    extra = [k for k in ("qkv_bias", "nope_layers") if getattr(cfg, k)]
+    if extra:
+        raise ValueError(f"no Hugging Face family has all of {marks[0]} and {extra[0]}: this "
+                         "model cannot be written as a transformers folder")
+    if cfg.local_rope_theta is None and cfg.rope_scaling != "none" and cfg.sliding_window:
+        raise ValueError("no Hugging Face family has windowed layers with rope_scaling beside "
+                         "Gemma's local RoPE: set local_rope_theta")
+
+
 def writing_family(cfg: Config) -> str:
     """The family a model is written as: its own, unless that cannot hold what the model has
-    (biases, QK-norm, a window), then the one family that can; ValueError naming the fields if
-    none can (a mix that no transformers family has)."""
+    (biases, QK-norm, a window, Gemma 3's pieces), then the one family that can; ValueError
+    naming the fields if none can (a mix that no transformers family has)."""
+    marks = gemma_marks(cfg)
+    if marks:
+        _gemma_can_hold(cfg, marks)
+        return "gemma3_text"
     has = [k for k in FAMILY_OF if getattr(cfg, k)]
     needs = {FAMILY_OF[k] for k in has}
     if len(needs) > 1:
@@ -172,6 +293,19 @@ def writing_family(cfg: Config) -> str:
     # biases or a qwen3 without QK-norm is a LLaMA: those families always have them
 
 
+def _gemma_to_hf(cfg: Config, scaling: dict | None) -> dict:
+    """Gemma3ForCausalLM's config.json of `cfg` (the fields the families share are added)."""
+    windowed = [cfg.sliding_window is not None and l not in cfg.global_layers
+                for l in range(cfg.n_layer)]
+    return {"hidden_activation": {v: k for k, v in GEMMA_ACT.items()}[cfg.activation],
+            "query_pre_attn_scalar": cfg.query_pre_attn_scalar or cfg.head_dim,
+            "sliding_window": cfg.sliding_window or cfg.seq_len,  # no layer reads it if None
+            "layer_types": ["sliding_attention" if w else "full_attention" for w in windowed],
+            "rope_scaling": scaling, "rope_local_base_freq": cfg.local_rope_theta or cfg.rope_theta,
+            "attn_logit_softcapping": None, "final_logit_softcapping": None,
+            "use_bidirectional_attention": False}
+
+
 def config_to_hf(cfg: Config) -> dict:
     """The config.json of `cfg` for transformers' model of its family (LlamaForCausalLM, ...)."""
     family = writing_family(cfg)
@@ -179,6 +313,8 @@ def config_to_hf(cfg: Config) -> dict:
     if cfg.rope_scaling == "llama3":
         scaling = {"rope_type": "llama3", **{theirs: getattr(cfg, ours)
                                               for theirs, (ours, _) in LLAMA3.items()}}
+    if cfg.rope_scaling == "linear":
+        scaling = {"rope_type": "linear", "factor": cfg.rope_factor}
     out = {"architectures": [FAMILIES[family]], "model_type": family,
            "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
            "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.head_dim,
@@ -193,6 +329,10 @@ def config_to_hf(cfg: Config) -> dict:
                    max_window_layers=cfg.n_layer)
     if family == "mistral":
         out["sliding_window"] = cfg.sliding_window
+    if family == "gemma3_text":
+        for key in ("hidden_act", "mlp_bias"):
+            del out[key]
+        out.update(_gemma_to_hf(cfg, scaling))
     out.update({key: getattr(cfg, ours) for key, ours in INT_FIELDS.items()})
     return out
 
@@ -223,6 +363,10 @@ def hf_names(cfg: Config) -> dict[str, tuple[str, int | None]]:
                  "self_attn.q_proj": "wq", "self_attn.k_proj": "wk", "self_attn.v_proj": "wv",
                  "self_attn.o_proj": "wo", "mlp.gate_proj": "w1", "mlp.up_proj": "w3",
                  "mlp.down_proj": "w2"}
+    if cfg.post_norms:  # Gemma 3: post_attention_layernorm is the attention's output norm
+        per_layer.update({"post_attention_layernorm": "rms_attn_post",
+                          "pre_feedforward_layernorm": "rms_ffn",
+                          "post_feedforward_layernorm": "rms_ffn_post"})
     extra = {}
     if cfg.qkv_bias:
         extra.update({"self_attn.q_proj.bias": "bq", "self_attn.k_proj.bias": "bk",
