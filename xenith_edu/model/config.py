@@ -19,7 +19,8 @@ def default_ffn_hidden(n_embd: int, multiple_of: int = 32) -> int:
 # the book's model prints as it always has.
 OPEN_FIELDS = ("head_width", "qkv_bias", "qk_norm", "rope_scaling", "rope_factor",
                "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context",
-               "sliding_window", "nope_layers", "family", "bos_token_id", "eos_token_id")
+               "sliding_window", "window_layers", "nope_layers", "family", "bos_token_id",
+               "eos_token_id")
 
 
 @dataclass(frozen=True, repr=False)
@@ -53,6 +54,9 @@ class Config:
     rope_original_context: int = 8192  # between; the context the model was first trained at
     sliding_window: int | None = None  # each query sees only this many positions, itself
     # included (Mistral); None: every earlier position
+    window_layers: tuple[int, ...] | None = None  # the layers that use sliding_window, when
+    # only some do (Qwen2's from max_window_layers on, Gemma 3's five of six); None: all of them.
+    # Read through `window_of`
     nope_layers: tuple[int, ...] = ()  # the layers without RoPE (SmolLM3: every fourth): their
     # q and k are not rotated, as if their tables were the angle 0
     family: str = "llama"  # the Hugging Face family it was read from and is written back as
@@ -116,9 +120,23 @@ class Config:
                              f"[0, {self.n_layer}), got {nope!r}")
         if not isinstance(self.family, str) or not self.family:
             raise TypeError(f"Config.family must be a family's name, got {self.family!r}")
-        if self.attention == "flash" and self.sliding_window is not None:
-            raise ValueError("Config.attention 'flash' has no sliding window yet: use 'plain' "
-                             "with Config.sliding_window")
+        self._check_window_layers()
+
+    def _check_window_layers(self) -> None:
+        layers = self.window_layers
+        if isinstance(layers, list):  # a config read back from JSON
+            object.__setattr__(self, "window_layers", layers := tuple(layers))
+        if layers is None:
+            return
+        if not isinstance(layers, tuple) or any(
+                isinstance(l, bool) or not isinstance(l, (int, np.integer))
+                or not 0 <= l < self.n_layer for l in layers) or list(layers) != sorted(
+                set(layers)):
+            raise ValueError(f"Config.window_layers must be None or increasing layer indices "
+                             f"in [0, {self.n_layer}), got {layers!r}")
+        if self.sliding_window is None:
+            raise ValueError("Config.window_layers names the windowed layers: set "
+                             "Config.sliding_window too, or leave window_layers None")
 
     def _check_rope_scaling(self) -> None:
         if self.rope_scaling not in ("none", "llama3"):
@@ -178,3 +196,13 @@ class Config:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def window_of(cfg: Config, layer: int) -> int | None:
+    """Layer `layer`'s sliding window: how many positions each query sees, itself included, or
+    None for full causal attention. The one rule every path asks (the plain, flash and KV-cache
+    attention, and the cache's size): `cfg.sliding_window` on the layers of
+    `cfg.window_layers` (all of them when it is None), None elsewhere."""
+    if cfg.window_layers is not None and layer not in cfg.window_layers:
+        return None
+    return cfg.sliding_window

@@ -5,7 +5,8 @@ Each new token comes from softmax(logits / temperature) at the last position, op
 restricted to the top-k most likely tokens. The KV cache keeps every layer's rotated keys and
 values, so each new token costs one position's forward pass instead of the whole context's
 (see the chapter "Memory: attention without the S×S matrix"). With grouped-query attention
-the cache holds the n_kv_head key/value heads only, smaller by the group factor.
+the cache holds the n_kv_head key/value heads only, smaller by the group factor; a layer with
+a sliding window keeps its last `window` positions only, in a ring (`PastKV`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from ..embedding import embedding_forward
 from ..swiglu import stacked_gate_up
 from .checks import check_params, check_tokens
-from .config import Config
+from .config import Config, window_of
 from .tokenizer import CharTokenizer
 from .transformer import (
     PastKV,
@@ -48,26 +49,38 @@ def next_token_probs(
 
 
 class KVCache(NamedTuple):
-    """Every layer's keys (after RoPE) and values for the positions seen so far.
+    """Every layer's keys (after RoPE) and values for the positions its later queries read.
 
-    A new query attends to all of them, so they are all the attention of later tokens needs;
-    nothing else of a past position is ever read again. One sequence (B = 1); the key/value
-    heads only (Hkv = n_kv_head), which the query heads of a group share.
+    A new query attends to all of them (a windowed layer's: to its window), so they are all the
+    attention of later tokens needs; nothing else of a past position is ever read again. One
+    sequence (B = 1); the key/value heads only (Hkv = n_kv_head), which the query heads of a
+    group share. Indexed by layer: layer l's arrays are k[l] and v[l].
     """
 
-    k: np.ndarray  # (L, 1, Hkv, C, hd) rotated keys, positions [0, pos) filled
-    v: np.ndarray  # (L, 1, Hkv, C, hd) values
+    k: tuple[np.ndarray, ...]  # L arrays (1, Hkv, C_l, hd) rotated keys (`cache_positions`)
+    v: tuple[np.ndarray, ...]  # L arrays (1, Hkv, C_l, hd) values
+
+
+def cache_positions(cfg: Config, layer: int) -> int:
+    """How many positions layer `layer`'s cache holds: seq_len, or its window if smaller (a
+    ring of the last `window` positions: no query of the layer reads further back)."""
+    window = window_of(cfg, layer)
+    return cfg.seq_len if window is None else min(window, cfg.seq_len)
 
 
 def kv_cache_bytes(cfg: Config, itemsize: int, batch: int = 1) -> int:
-    """Bytes of a full KV cache: keys and values of every layer, key/value head and position."""
-    return 2 * cfg.n_layer * batch * cfg.n_kv_head * cfg.seq_len * cfg.head_dim * itemsize
+    """Bytes of a full KV cache: keys and values of every layer, key/value head and position
+    it keeps."""
+    positions = sum(cache_positions(cfg, l) for l in range(cfg.n_layer))
+    return 2 * batch * cfg.n_kv_head * positions * cfg.head_dim * itemsize
 
 
 def empty_kv_cache(cfg: Config, dtype: type) -> KVCache:
     """A KV cache for one sequence of up to seq_len positions, nothing filled yet."""
-    shape = (cfg.n_layer, 1, cfg.n_kv_head, cfg.seq_len, cfg.head_dim)  # (L, 1, Hkv, C, hd)
-    return KVCache(np.empty(shape, dtype), np.empty(shape, dtype))
+    shapes = [(1, cfg.n_kv_head, cache_positions(cfg, l), cfg.head_dim)  # (1, Hkv, C_l, hd)
+              for l in range(cfg.n_layer)]
+    return KVCache(tuple(np.empty(s, dtype) for s in shapes),
+                   tuple(np.empty(s, dtype) for s in shapes))
 
 
 class Prepared(NamedTuple):
@@ -104,7 +117,7 @@ def _feed(
     h = h.reshape(T, cfg.n_embd)  # (T, d) the residual stream of the new positions
     for l, p in enumerate(w.layers):
         cl, sl = layer_tables(cfg, l, cos, sin)  # the angle 0 in a layer without RoPE
-        h, _ = layer_forward(h, p, cfg, cl, sl, PastKV(kv.k[l], kv.v[l], pos))  # (T, d)
+        h, _ = layer_forward(h, p, cfg, cl, sl, PastKV(kv.k[l], kv.v[l], pos), l)  # (T, d)
     logits, _ = head_forward(h[-1:], params, cfg)  # (1, V) the last position only
     return logits[0]  # (V,)
 

@@ -52,7 +52,7 @@ MODEL_HELP = {
 # Hugging Face family a checkpoint was read from (for to-hf), and the numbers of Llama 3's RoPE
 # scaling (a checkpoint's: `--rope-scaling llama3` takes Llama 3.1's), the layers without RoPE
 NOT_SETTINGS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "family",
-                "nope_layers",
+                "nope_layers", "window_layers",
                 "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
                 "rope_original_context")
 
