@@ -37,7 +37,7 @@ from ..rope import RopeCache, rope_backward, rope_forward, rope_tables
 from ..rope_scaling import Llama3Scaling
 from ..softmax_ce import softmax_cross_entropy
 from ..swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
-from ..tools.workspace import empty, empty_like
+from ..tools.workspace import empty, empty_like, give_back, return_freed
 from .checks import check_params, check_targets, check_tokens
 from .config import Config, window_of
 from .params import PARAM, layer_names, param_shapes
@@ -461,7 +461,8 @@ def backward(
     data-parallel run starts their all-reduce there (see the "Many processes" chapter).
     `release=True` says that the caller gives the cache up: each layer's part is dropped from it
     as soon as that layer is done, so its memory can serve the gradients that follow, as
-    autograd frees what it saved (`loss_and_grads` does this; the cache is then spent).
+    autograd frees what it saved (`loss_and_grads` does this; the cache is then spent); a full
+    workspace lets its arrays go too (`give_back`).
     """
     if not isinstance(cache, ModelCache):
         raise TypeError(f"cache must be the ModelCache that forward returned, "
@@ -484,9 +485,12 @@ def backward(
             cl, sl = layer_tables(cfg, l, cache.cos, cache.sin)
             _, layer = layer_forward(cache.layer_inputs[l], p, cfg, cl, sl, layer=l)
         dh, grads_l = layer_backward(dh, layer)
-        del layer
+        given = release and give_back(layer)  # a full workspace lets it go
         if release:  # nothing reads layer l's cache again
             (cache.layers or cache.layer_inputs)[l] = None
+        del layer
+        if given:  # its memory serves the gradients that follow
+            return_freed()
         for name, g in grads_l.items():
             grads[name][l] = g
         if on_layer is not None:
