@@ -48,6 +48,19 @@ def next_token_probs(
     return p / p.sum()
 
 
+def draw_token(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.0,
+               top_k: int | None = None) -> int:
+    """One token drawn from `next_token_probs(logits, temperature, top_k)`, logits (V,).
+
+    Greedy (top_k = 1) with one largest logit, that token is the only one of probability 1:
+    it is returned without the float64 softmax and the draw (rng is left as it is)."""
+    if top_k == 1:
+        best = int(np.argmax(logits))
+        if np.count_nonzero(logits == logits[best]) == 1:
+            return best
+    return int(rng.choice(logits.shape[-1], p=next_token_probs(logits, temperature, top_k)))
+
+
 class KVCache(NamedTuple):
     """Every layer's keys (after RoPE) and values for the positions its later queries read.
 
@@ -163,8 +176,7 @@ def generate(
         for _ in range(max_new_tokens):
             context = np.array(ids[-cfg.seq_len:], dtype=np.int64)[None, :]  # (1, S) cropped
             logits, _ = forward(params, cfg, context)  # (1, S, V)
-            p = next_token_probs(logits[0, -1], temperature, top_k)  # (V,)
-            ids.append(int(rng.choice(cfg.vocab_size, p=p)))
+            ids.append(draw_token(logits[0, -1], rng, temperature, top_k))
             if on_token is not None:
                 on_token(ids[-1])
         return np.array(ids, dtype=np.int64)
@@ -176,8 +188,7 @@ def generate(
     for _ in range(max_new_tokens):
         logits = _feed(params, cfg, w, kv, new, pos)  # (V,)
         pos += len(new)
-        p = next_token_probs(logits, temperature, top_k)  # (V,)
-        ids.append(int(rng.choice(cfg.vocab_size, p=p)))
+        ids.append(draw_token(logits, rng, temperature, top_k))
         if on_token is not None:
             on_token(ids[-1])
         if pos < cfg.seq_len:
