@@ -256,3 +256,15 @@ def test_no_cache_array_of_a_windowed_layer_outgrows_its_window(monkeypatch):
     assert {(l, k, v) for l, k, v in held} == {(0, 5, 5), (1, 40, 40), (2, 5, 5), (3, 5, 5)}
     assert [cache_positions(cfg, l) for l in range(4)] == [5, 40, 5, 5]
     assert gen.kv_cache_bytes(cfg, 4) == 2 * 2 * (5 + 40 + 5 + 5) * 4 * 4
+
+
+def test_to_hf_refuses_a_window_on_some_layers_only():
+    """No family that to-hf writes has per-layer windows: writing one as Mistral (a window on
+    every layer) would be another model, so it says so; a window on every layer is Mistral's."""
+    from xenith_edu.model.hf import config_to_hf
+
+    base = dict(vocab_size=13, n_embd=8, n_head=2, n_layer=3, sliding_window=4)
+    for layers in ((), (1,), (0, 2)):
+        with pytest.raises(ValueError, match="window_layers"):
+            config_to_hf(xe.Config(**base, window_layers=layers))
+    assert config_to_hf(xe.Config(**base, window_layers=(0, 1, 2)))["sliding_window"] == 4

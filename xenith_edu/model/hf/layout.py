@@ -161,6 +161,10 @@ def writing_family(cfg: Config) -> str:
     """The family a model is written as: its own, unless that cannot hold what the model has
     (biases, QK-norm, a window), then the one family that can; ValueError naming the fields if
     none can (a mix that no transformers family has)."""
+    if cfg.window_layers is not None and cfg.window_layers != tuple(range(cfg.n_layer)):
+        raise ValueError("Config.window_layers: a sliding window on some layers only is no "
+                         "family's that to-hf writes: this model cannot be written as a "
+                         "transformers folder")
     has = [k for k in FAMILY_OF if getattr(cfg, k)]
     needs = {FAMILY_OF[k] for k in has}
     if len(needs) > 1:
