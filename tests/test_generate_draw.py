@@ -4,14 +4,11 @@ greedy sampling short-cuts the draw only where the distribution is one token of 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from xenith_edu.model.generate import draw_token, next_token_probs
-
-pytestmark = pytest.mark.model
 
 logits_st = hnp.arrays(st.sampled_from([np.float32, np.float64]), st.integers(1, 40),
                        elements=st.floats(-30, 30, width=32))

@@ -36,8 +36,6 @@ from xenith_edu.model.transformer import (
 )
 from xenith_edu.tools.gradcheck import check_gradient
 
-pytestmark = pytest.mark.model
-
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import weakref
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,8 +20,6 @@ from xenith_edu.model import transformer
 from xenith_edu.model.params import random_params
 from xenith_edu.tools import workspace as wsm
 from xenith_edu.tools.workspace import Workspace
-
-pytestmark = pytest.mark.model
 
 
 def test_below_its_limit_the_workspace_keeps_what_is_given_back():
