@@ -4,7 +4,9 @@
 SmolLM-135M's published sizes (30 layers, width 576, 9 query and 3 key/value heads, SwiGLU
 hidden 1536, vocabulary 49152, tied), float32. A prompt of 16 tokens, then --new tokens; the
 prompt's pass is part of both times. Alternating rounds; best (median). Both draw the same
-tokens (printed as a check). Needs torch and transformers (tests and benchmarks only).
+tokens (printed as a check). Tokens per CPU second too (one thread each, one process): steadier
+than tokens per second when neighbours load the machine. Needs torch and transformers (tests and
+benchmarks only).
 Run: python benchmarks/sample_speed.py [--new 32] [--rounds 3] [--layers 30]
 """
 
@@ -24,18 +26,21 @@ from xenith_edu.model.generate import generate  # noqa: E402
 from xenith_edu.model.hf import config_to_hf, params_to_hf  # noqa: E402
 
 
-def ours(params: dict, cfg: xe.Config, prompt: np.ndarray, new: int) -> tuple[float, list]:
-    t0 = time.perf_counter()
+def ours(params: dict, cfg: xe.Config, prompt: np.ndarray, new: int
+         ) -> tuple[float, float, list]:
+    t0, c0 = time.perf_counter(), time.process_time()
     ids = generate(params, cfg, prompt, new, np.random.default_rng(0), top_k=1)
-    return new / (time.perf_counter() - t0), ids[len(prompt):].tolist()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return new / wall, new / cpu, ids[len(prompt):].tolist()
 
 
-def theirs(model, torch, prompt: np.ndarray, new: int) -> tuple[float, list]:
+def theirs(model, torch, prompt: np.ndarray, new: int) -> tuple[float, float, list]:
     x = torch.tensor(prompt)[None, :]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with torch.no_grad():
         out = model.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False)
-    return new / (time.perf_counter() - t0), out[0, len(prompt):].tolist()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return new / wall, new / cpu, out[0, len(prompt):].tolist()
 
 
 def main() -> None:
@@ -60,18 +65,26 @@ def main() -> None:
     prompt = np.random.default_rng(1).integers(0, cfg.vocab_size, 16)
     ours(params, cfg, prompt, 2)  # warm-up of both
     theirs(model, torch, prompt, 2)
-    a, b, same = [], [], True
+    a, b, ca, cb, ratios, same = [], [], [], [], [], True
     for _ in range(args.rounds):
-        (ta, ia), (tb, ib) = ours(params, cfg, prompt, args.new), theirs(model, torch, prompt,
-                                                                         args.new)
+        (ta, ua, ia), (tb, ub, ib) = ours(params, cfg, prompt, args.new), theirs(
+            model, torch, prompt, args.new)
         a.append(ta)
         b.append(tb)
+        ca.append(ua)
+        cb.append(ub)
+        ratios.append(ta / tb)
         same &= ia == ib
     print(f"SmolLM-135M's shape ({args.layers} layers), float32, one thread, {args.new} new "
           f"tokens, {args.rounds} alternating rounds: best (median)")
     print(f"{'book KV path tok/s':>20} {'transformers tok/s':>20} {'ratio':>14}  same tokens")
     print(f"{max(a):>11.1f} ({np.median(a):>5.1f}) {max(b):>11.1f} ({np.median(b):>5.1f}) "
           f"{max(a) / max(b):>6.2f} ({np.median(a) / np.median(b):.2f})  {same}")
+    print(f"per round, book / transformers: {' '.join(f'{r:.2f}' for r in ratios)}; median "
+          f"{np.median(ratios):.2f}")
+    print(f"tokens per CPU second, median: {np.median(ca):.1f} against {np.median(cb):.1f}, "
+          f"ratio {np.median(ca) / np.median(cb):.2f} (per round "
+          f"{' '.join(f'{x / y:.2f}' for x, y in zip(ca, cb, strict=True))})")
 
 
 if __name__ == "__main__":

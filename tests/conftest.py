@@ -154,3 +154,17 @@ def ctrl_c_raises():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
+
+
+# Hypothesis: `make test` draws the same cases at every run (derandomize: each test's cases
+# follow from its name), so that a run that passes passes again and a failure reproduces.
+# `HYPOTHESIS_PROFILE=explore make test` draws afresh each time, to look for new cases.
+def _hypothesis_profiles() -> None:
+    from hypothesis import settings  # the test suite's own dependency
+
+    settings.register_profile("repeatable", derandomize=True, database=None)
+    settings.register_profile("explore", derandomize=False)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
+
+
+_hypothesis_profiles()

@@ -213,7 +213,8 @@ def test_config_refuses_what_it_cannot_be():
     base = dict(vocab_size=11, n_embd=8, n_head=2, n_layer=1)
     for bad, word in (({"head_width": 3}, "head_width"), ({"rope_scaling": "yarn"}, "rope_scaling"),
                       ({"sliding_window": 0}, "sliding_window"),
-                      ({"attention": "flash", "sliding_window": 4}, "sliding_window"),
+                      ({"global_layers": (0,)}, "sliding_window"),
+                      ({"sliding_window": 2, "global_layers": (1,)}, "global_layers"),
                       ({"rope_low_freq_factor": 4.0, "rope_high_freq_factor": 1.0},
                        "rope_low_freq_factor"), ({"qk_norm": 1}, "qk_norm"),
                       ({"n_embd": 9, "n_head": 2}, "n_head")):

@@ -5,11 +5,13 @@ The chapter "Memory: attention without the S×S matrix" writes the same algorith
 with plain loops (`flash_forward_head`, `flash_backward_head` in notebooks/memory.ipynb); this
 module runs it on every head at once, the query heads of a key/value group side by side, and is
 what the model calls with `Config(attention="flash")`. The plain version is in `attention`.
-It trusts its inputs: the block size comes from `Config.flash_block`, checked there.
+It trusts its inputs: the block size comes from `Config.flash_block`, checked there. With a
+sliding `window` (Mistral's) the blocks wholly outside every query's window are never visited.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -34,18 +36,54 @@ class FlashCache(NamedTuple):
     out: np.ndarray  # (B, H, S, hd)
     lse: np.ndarray  # (B, H, S) row log-sum-exp of the scaled, masked scores
     block_size: int
+    window: int | None = None  # the sliding window: which blocks exist, and their masks
 
 
-def _scores(qs: np.ndarray, k: np.ndarray, i0: int, j0: int, tri: np.ndarray) -> np.ndarray:
-    """One block of scaled scores (B, Hkv, G, bq, bk), the causal mask added on a diagonal block."""
+@lru_cache(maxsize=256)
+def _block_mask(off: int, bq: int, bk: int, window: int | None, dtype: np.dtype
+                ) -> np.ndarray | None:
+    """The additive mask (bq, bk) of a block whose first query sits `off` positions after its
+    first key: query t sees key j when 0 <= t - j < window (0 <= t - j without a window);
+    None when every query of the block sees every key. Kept, read-only."""
+    d = off + np.arange(bq)[:, None] - np.arange(bk)[None, :]  # (bq, bk) t - j
+    seen = (d >= 0) if window is None else (d >= 0) & (d < window)
+    if seen.all():
+        return None
+    mask = np.where(seen, 0.0, -np.inf).astype(dtype)  # (bq, bk)
+    mask.flags.writeable = False
+    return mask
+
+
+def _scores(qs: np.ndarray, k: np.ndarray, i0: int, j0: int, window: int | None) -> np.ndarray:
+    """One block of scaled scores (B, Hkv, G, bq, bk), masked where a key is after its query
+    (the diagonal block) or, with a window, too far before it."""
     s = qs @ np.swapaxes(k, -1, -2)  # (B, Hkv, G, bq, bk), k (B, Hkv, 1, bk, hd) broadcast
-    if i0 == j0:  # the diagonal block: a key after its query gets -inf
-        s += tri[: s.shape[-2], : s.shape[-1]]
+    mask = _block_mask(i0 - j0, s.shape[-2], s.shape[-1], window, s.dtype)
+    if mask is not None:
+        s += mask
     return s
 
 
+def _key_blocks(i0: int, i1: int, bs: int, window: int | None) -> range:
+    """The key blocks that queries [i0, i1) see, in the order the forward visits them: from the
+    first up to the diagonal; with a window, from the diagonal back to the first that the
+    window reaches (every row sees its own key on the diagonal: its running max is finite from
+    the first block on, where the window's first block may hold no key of some row)."""
+    if window is None:
+        return range(0, i1, bs)
+    lo = max(0, i0 - window + 1) // bs * bs  # the block of query i0's earliest key
+    return range((i1 - 1) // bs * bs, lo - 1, -bs)
+
+
+def _query_blocks(j0: int, j1: int, S: int, bs: int, window: int | None) -> range:
+    """The query blocks that see some key of [j0, j1): from the diagonal on, up to the last
+    query whose window reaches key j1 - 1."""
+    return range(j0, S if window is None else min(S, j1 - 1 + window), bs)
+
+
 def flash_attention_forward(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, block_size: int = DEFAULT_BLOCK
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, block_size: int = DEFAULT_BLOCK,
+    window: int | None = None,
 ) -> tuple[np.ndarray, FlashCache]:
     """softmax(q k^T / sqrt(hd) + causal mask) @ v, one block at a time; q (B, H, S, hd), k and
     v (B, Hkv, S, hd): query head j reads key/value head j // G (grouped-query attention).
@@ -53,6 +91,8 @@ def flash_attention_forward(
     For each block of queries, the key blocks up to the diagonal are visited in order while a
     running max m, a running sum sigma and an unnormalised output acc are kept per row; when the
     max grows, sigma and acc are rescaled by exp(m_old - m_new), which makes the result exact.
+    With a sliding `window`, query t sees keys t - window < j <= t only, as the plain
+    version's `window_mask`: the key blocks wholly before every query's window are skipped.
     Returns `(out, cache)`, out (B, H, S, hd); the cache holds no (S, S) array.
     """
     bs = block_size  # an int >= 1: Config.flash_block is checked where the model is configured
@@ -62,7 +102,6 @@ def flash_attention_forward(
     qs = q * dt(1.0 / np.sqrt(hd))  # (B, H, S, hd) scaled once, as the plain version does
     qs = qs.reshape(B, Hkv, H // Hkv, S, hd)  # (B, Hkv, G, S, hd) a view: the heads by group
     kg, vg = k[:, :, None], v[:, :, None]  # (B, Hkv, 1, S, hd) views, shared by the group
-    tri = np.triu(np.full((bs, bs), -np.inf, dtype=q.dtype), k=1)  # (bs, bs) diagonal mask
     out = np.empty(qs.shape, q.dtype)  # (B, Hkv, G, S, hd)
     lse = np.empty(qs.shape[:-1], dtype=q.dtype)  # (B, Hkv, G, S)
     for i0 in range(0, S, bs):
@@ -72,10 +111,11 @@ def flash_attention_forward(
         # max
         sigma = np.zeros_like(m)  # (B, Hkv, G, bq, 1) running sum of exp(score - m)
         acc = np.zeros_like(qi)  # (B, Hkv, G, bq, hd) running sum of exp(score - m) v
-        for j0 in range(0, i1, bs):  # key blocks up to the diagonal; later ones are all masked
-            j1 = min(j0 + bs, S)
-            s = _scores(qi, kg[..., j0:j1, :], i0, j0, tri)  # (B, Hkv, G, bq, bk)
-            m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # finite: j0 = 0 comes first
+        for j0 in _key_blocks(i0, i1, bs, window):  # later ones are all masked, and with a
+            j1 = min(j0 + bs, S)  # window the earlier ones too
+            s = _scores(qi, kg[..., j0:j1, :], i0, j0, window)  # (B, Hkv, G, bq, bk)
+            m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # finite: a row's first block
+            # holds its own key (key 0 first without a window, the diagonal first with one)
             alpha = np.exp(m - m_new)  # (B, Hkv, G, bq, 1) rescales what was summed against m
             s -= m_new
             p = np.exp(s, out=s)  # (B, Hkv, G, bq, bk) unnormalised probabilities, masked: 0
@@ -87,7 +127,7 @@ def flash_attention_forward(
         lse[..., i0:i1] = (m + np.log(sigma))[..., 0]
     out, lse = out.reshape(B, H, S, hd), lse.reshape(B, H, S)  # views, the heads in order
     # backward needs q, k, v (to recompute the scores), out (for D), lse (for the probabilities)
-    return out, FlashCache(q, k, v, out, lse, bs)
+    return out, FlashCache(q, k, v, out, lse, bs, window)
 
 
 def flash_attention_backward(
@@ -98,13 +138,12 @@ def flash_attention_backward(
     P_ij = exp(score_ij - lse_i) is rebuilt from q, k and lse; the softmax's row sums
     rowsum(P * dP) are replaced by D = rowsum(dout * out), which is the same number per row.
     """
-    q, k, v, out, lse, bs = cache
+    q, k, v, out, lse, bs, window = cache
     B, H, S, hd = q.shape
     Hkv = k.shape[1]
     G = H // Hkv
     scale = q.dtype.type(1.0 / np.sqrt(hd))
     qs = (q * scale).reshape(B, Hkv, G, S, hd)  # (B, Hkv, G, S, hd) as in the forward
-    tri = np.triu(np.full((bs, bs), -np.inf, dtype=q.dtype), k=1)  # (bs, bs)
     dout = dout.reshape(B, Hkv, G, S, hd)  # (B, Hkv, G, S, hd)
     D = np.einsum("...ij,...ij->...i", dout, out.reshape(dout.shape))[..., None]  # (B, Hkv,
     # G, S, 1) rowsum(dO * O)
@@ -117,10 +156,10 @@ def flash_attention_backward(
         kj, vj = k[:, :, None, j0:j1], v[:, :, None, j0:j1]  # (B, Hkv, 1, bk, hd)
         dkj = np.zeros_like(kj)  # (B, Hkv, 1, bk, hd) summed over the query blocks and the
         dvj = np.zeros_like(vj)  # group's heads that see key j (fan-in)
-        for i0 in range(j0, S, bs):  # query blocks from the diagonal on; earlier ones see 0
+        for i0 in _query_blocks(j0, j1, S, bs, window):  # the others see none of these keys
             i1 = min(i0 + bs, S)
             # p = exp(score - lse): the forward's probabilities, recomputed
-            s = _scores(qs[..., i0:i1, :], kj, i0, j0, tri)  # (B, Hkv, G, bq, bk)
+            s = _scores(qs[..., i0:i1, :], kj, i0, j0, window)  # (B, Hkv, G, bq, bk)
             s -= lse_c[..., i0:i1, :]
             p = np.exp(s, out=s)  # (B, Hkv, G, bq, bk)
             doi = dout[..., i0:i1, :]  # (B, Hkv, G, bq, hd)

@@ -128,9 +128,6 @@ class Config:
         self._layers("nope_layers")
         if not isinstance(self.family, str) or not self.family:
             raise TypeError(f"Config.family must be a family's name, got {self.family!r}")
-        if self.attention == "flash" and self.sliding_window is not None:
-            raise ValueError("Config.attention 'flash' has no sliding window yet: use 'plain' "
-                             "with Config.sliding_window")
         self._check_gemma()
 
     def _layers(self, name: str) -> tuple[int, ...]:
@@ -235,3 +232,11 @@ class Config:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def window_of(cfg: Config, layer: int) -> int | None:
+    """Layer `layer`'s sliding window: how many positions each query sees, itself included, or
+    None for full causal attention. The one rule every path asks (the plain, flash and KV-cache
+    attention, and the cache's size): `cfg.sliding_window` on every layer but
+    `cfg.global_layers` (Gemma 3's global layers see every earlier position), None there."""
+    return None if layer in cfg.global_layers else cfg.sliding_window

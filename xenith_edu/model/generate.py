@@ -5,7 +5,8 @@ Each new token comes from softmax(logits / temperature) at the last position, op
 restricted to the top-k most likely tokens. The KV cache keeps every layer's rotated keys and
 values, so each new token costs one position's forward pass instead of the whole context's
 (see the chapter "Memory: attention without the S×S matrix"). With grouped-query attention
-the cache holds the n_kv_head key/value heads only, smaller by the group factor.
+the cache holds the n_kv_head key/value heads only, smaller by the group factor; a layer with
+a sliding window keeps its last `window` positions only, in a ring (`PastKV`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,13 @@ import numpy as np
 
 from ..swiglu import stacked_gate_up
 from .checks import check_params, check_tokens
-from .config import Config
+from .config import Config, window_of
 from .tokenizer import CharTokenizer
 from .transformer import (
     PastKV,
     embed,
     forward,
     head_forward,
-    layer_config,
     layer_forward,
     layer_params,
     layer_tables,
@@ -48,27 +48,52 @@ def next_token_probs(
     return p / p.sum()
 
 
-class KVCache(NamedTuple):
-    """Every layer's keys (after RoPE) and values for the positions seen so far.
+def draw_token(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.0,
+               top_k: int | None = None) -> int:
+    """One token drawn from `next_token_probs(logits, temperature, top_k)`, logits (V,).
 
-    A new query attends to all of them, so they are all the attention of later tokens needs;
-    nothing else of a past position is ever read again. One sequence (B = 1); the key/value
-    heads only (Hkv = n_kv_head), which the query heads of a group share.
+    Greedy (top_k = 1) with one largest logit, that token is the only one of probability 1:
+    it is returned without the float64 softmax and the draw (rng is left as it is)."""
+    if top_k == 1:
+        best = int(np.argmax(logits))
+        if np.count_nonzero(logits == logits[best]) == 1:
+            return best
+    return int(rng.choice(logits.shape[-1], p=next_token_probs(logits, temperature, top_k)))
+
+
+class KVCache(NamedTuple):
+    """Every layer's keys (after RoPE) and values for the positions its later queries read.
+
+    A new query attends to all of them (a windowed layer's: to its window), so they are all the
+    attention of later tokens needs; nothing else of a past position is ever read again. One
+    sequence (B = 1); the key/value heads only (Hkv = n_kv_head), which the query heads of a
+    group share. Indexed by layer: layer l's arrays are k[l] and v[l].
     """
 
-    k: np.ndarray  # (L, 1, Hkv, C, hd) rotated keys, positions [0, pos) filled
-    v: np.ndarray  # (L, 1, Hkv, C, hd) values
+    k: tuple[np.ndarray, ...]  # L arrays (1, Hkv, C_l, hd) rotated keys (`cache_positions`)
+    v: tuple[np.ndarray, ...]  # L arrays (1, Hkv, C_l, hd) values
+
+
+def cache_positions(cfg: Config, layer: int) -> int:
+    """How many positions layer `layer`'s cache holds: seq_len, or its window if smaller (a
+    ring of the last `window` positions: no query of the layer reads further back)."""
+    window = window_of(cfg, layer)
+    return cfg.seq_len if window is None else min(window, cfg.seq_len)
 
 
 def kv_cache_bytes(cfg: Config, itemsize: int, batch: int = 1) -> int:
-    """Bytes of a full KV cache: keys and values of every layer, key/value head and position."""
-    return 2 * cfg.n_layer * batch * cfg.n_kv_head * cfg.seq_len * cfg.head_dim * itemsize
+    """Bytes of a full KV cache: keys and values of every layer, key/value head and position
+    it keeps."""
+    positions = sum(cache_positions(cfg, l) for l in range(cfg.n_layer))
+    return 2 * batch * cfg.n_kv_head * positions * cfg.head_dim * itemsize
 
 
 def empty_kv_cache(cfg: Config, dtype: type) -> KVCache:
     """A KV cache for one sequence of up to seq_len positions, nothing filled yet."""
-    shape = (cfg.n_layer, 1, cfg.n_kv_head, cfg.seq_len, cfg.head_dim)  # (L, 1, Hkv, C, hd)
-    return KVCache(np.empty(shape, dtype), np.empty(shape, dtype))
+    shapes = [(1, cfg.n_kv_head, cache_positions(cfg, l), cfg.head_dim)  # (1, Hkv, C_l, hd)
+              for l in range(cfg.n_layer)]
+    return KVCache(tuple(np.empty(s, dtype) for s in shapes),
+                   tuple(np.empty(s, dtype) for s in shapes))
 
 
 class Prepared(NamedTuple):
@@ -105,7 +130,7 @@ def _feed(
     h = h.reshape(T, cfg.n_embd)  # (T, d) the residual stream of the new positions
     for l, p in enumerate(w.layers):
         cl, sl = layer_tables(cfg, l, cos, sin)  # the angle 0 in a layer without RoPE
-        h, _ = layer_forward(h, p, layer_config(cfg, l), cl, sl, PastKV(kv.k[l], kv.v[l], pos))
+        h, _ = layer_forward(h, p, cfg, cl, sl, PastKV(kv.k[l], kv.v[l], pos), l)  # (T, d)
     logits, _ = head_forward(h[-1:], params, cfg)  # (1, V) the last position only
     return logits[0]  # (V,)
 
@@ -151,8 +176,7 @@ def generate(
         for _ in range(max_new_tokens):
             context = np.array(ids[-cfg.seq_len:], dtype=np.int64)[None, :]  # (1, S) cropped
             logits, _ = forward(params, cfg, context)  # (1, S, V)
-            p = next_token_probs(logits[0, -1], temperature, top_k)  # (V,)
-            ids.append(int(rng.choice(cfg.vocab_size, p=p)))
+            ids.append(draw_token(logits[0, -1], rng, temperature, top_k))
             if on_token is not None:
                 on_token(ids[-1])
         return np.array(ids, dtype=np.int64)
@@ -164,8 +188,7 @@ def generate(
     for _ in range(max_new_tokens):
         logits = _feed(params, cfg, w, kv, new, pos)  # (V,)
         pos += len(new)
-        p = next_token_probs(logits, temperature, top_k)  # (V,)
-        ids.append(int(rng.choice(cfg.vocab_size, p=p)))
+        ids.append(draw_token(logits, rng, temperature, top_k))
         if on_token is not None:
             on_token(ids[-1])
         if pos < cfg.seq_len:

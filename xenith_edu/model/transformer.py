@@ -11,7 +11,7 @@ Gemma 3's pieces are switches of the same blocks: GeGLU for SwiGLU (`xenith_edu.
 1 + w (`rmsnorm`'s offset), an RMSNorm on each block's output (`post_norms`; in reverse, the
 block's gradient passes through it first), the embedding times s = sqrt(d) (`embed`: dwte
 gathers s * dh, the chain rule on a constant factor), the scores scaled by
-query_pre_attn_scalar ** -1/2, and local and global layers (`layer_config`, `layer_tables`: a
+query_pre_attn_scalar ** -1/2, and local and global layers (`window_of`, `layer_tables`: a
 layer's window and RoPE tables are the only things that differ, so nothing else changes).
 
 Where inputs are checked: at the boundaries only. `Config` checks the sizes (with the head
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -47,16 +46,16 @@ from ..rope import RopeCache, rope_backward, rope_forward, rope_tables
 from ..rope_scaling import LinearScaling, Llama3Scaling
 from ..softmax_ce import softmax_cross_entropy
 from ..swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
-from ..tools.workspace import empty, empty_like
+from ..tools.workspace import empty, empty_like, give_back, return_freed
 from .checks import check_params, check_targets, check_tokens
-from .config import Config
+from .config import Config, window_of
 from .params import PARAM, layer_names, param_shapes
 
 __all__ = [
     "AttentionBlockCache", "HeadCache", "LayerCache", "ModelCache", "PastKV",
     "SwiGLUBlockCache", "attention_block_backward", "attention_block_forward", "backward",
     "embed", "embed_scale", "forward", "head_backward", "head_forward", "layer_backward",
-    "layer_config", "layer_forward", "layer_params", "layer_tables",
+    "layer_forward", "layer_params", "layer_tables", "layer_window",
     "loss_and_grads", "merge_heads", "qk_rope_tables", "split_heads",
     "swiglu_block_backward", "swiglu_block_forward",
 ]
@@ -130,14 +129,6 @@ def layer_tables(cfg: Config, l: int, cos: np.ndarray, sin: np.ndarray
 
 
 @functools.lru_cache(maxsize=256)
-def layer_config(cfg: Config, l: int) -> Config:
-    """The model as layer l runs it: `cfg`, or for a global layer of a windowed model
-    (Config.global_layers, Gemma 3) the same without the window. Made once per (cfg, l)."""
-    if l not in cfg.global_layers:
-        return cfg
-    return replace(cfg, sliding_window=None, global_layers=(), local_rope_theta=None)
-
-
 def _offset(cfg: Config) -> float:
     """The constant of the RMSNorm gains: 1 for Gemma's 1 + w (Config.norm_plus_one), else 0."""
     return 1.0 if cfg.norm_plus_one else 0.0
@@ -175,13 +166,50 @@ class QKNormPair(NamedTuple):
 class PastKV(NamedTuple):
     """One layer's key/value cache while decoding: what later positions' queries read.
 
-    The block writes the rotated keys and the values of its T new positions at [pos, pos + T)
-    and its queries attend to [0, pos + T). Nothing else of a past position is read again.
+    Position t lives in slot t % C of the cache's C slots: while pos + T <= C, the block writes
+    the rotated keys and the values of its T new positions at [pos, pos + T) and its queries
+    attend to [0, pos + T). Beyond, the cache is a ring that keeps the last C positions, which
+    only a windowed layer may have (C >= its window: no query reads further back).
+    Nothing else of a past position is read again.
     """
 
-    k: np.ndarray  # (B, Hkv, C, hd) rotated keys, positions [0, pos) already filled
+    k: np.ndarray  # (B, Hkv, C, hd) rotated keys, positions [max(0, pos - C), pos) filled
     v: np.ndarray  # (B, Hkv, C, hd) values
     pos: int  # the position of the first new token
+
+
+def _with_past(past: PastKV, k: np.ndarray, v: np.ndarray, window: int | None
+               ) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """Store the new keys and values k, v (B, Hkv, T, hd) in `past`; return the keys and values
+    the new queries attend to, and the window to mask them with (None: every one is seen)."""
+    T, C, pos = k.shape[2], past.k.shape[2], past.pos
+    P = pos + T
+    if P <= C:  # in order: position t at slot t
+        past.k[:, :, pos:P], past.v[:, :, pos:P] = k, v
+        return past.k[:, :, :P], past.v[:, :, :P], window  # (B, Hkv, P, hd)
+    if window is None or C < window:
+        raise ValueError(f"past: a cache of {C} positions cannot hold position {P - 1} of a "
+                         f"layer whose window is {window}")
+    if T == 1 and C == window:  # the ring's keys are all in the one query's window once its
+        past.k[:, :, pos % C], past.v[:, :, pos % C] = k[:, :, 0], v[:, :, 0]  # own is stored
+        return past.k, past.v, None  # (B, Hkv, C, hd), in ring order: softmax sums any order
+    kept = np.arange(max(0, pos - C), pos) % C  # the slots of the kept positions, in order
+    k_all = np.concatenate((past.k[:, :, kept], k), axis=2)  # (B, Hkv, kept + T, hd)
+    v_all = np.concatenate((past.v[:, :, kept], v), axis=2)
+    n = min(T, C)  # the last n new positions are the ones the ring keeps
+    slots = np.arange(P - n, P) % C
+    past.k[:, :, slots], past.v[:, :, slots] = k[:, :, T - n:], v[:, :, T - n:]
+    return k_all, v_all, window
+
+
+def layer_window(cfg: Config, layer: int | None) -> int | None:
+    """`window_of(cfg, layer)`; without a layer index, the window that every layer shares."""
+    if layer is not None:
+        return window_of(cfg, layer)
+    if cfg.global_layers:
+        raise ValueError("layer: Config.global_layers are without the window: give the "
+                         "layer's index")
+    return cfg.sliding_window
 
 
 def _qkv(xb: np.ndarray, p: dict, cfg: Config) -> tuple[np.ndarray, LinearCache,
@@ -211,7 +239,7 @@ def _normed_qk(qk: np.ndarray, p: dict, cfg: Config) -> tuple[np.ndarray, QKNorm
 
 def attention_block_forward(
     h: np.ndarray, p: dict, cfg: Config, cos: np.ndarray, sin: np.ndarray,
-    past: PastKV | None = None,
+    past: PastKV | None = None, layer: int | None = None,
 ) -> tuple[np.ndarray, AttentionBlockCache]:
     """The attention branch of one layer: merge_heads(attention(rope(q), rope(k), v)) @ wo,
     with q, k, v the products of rmsnorm(h, rms_attn) with wq, wk and wv (plus their biases,
@@ -221,7 +249,8 @@ def attention_block_forward(
     the RoPE tables of the S positions as `qk_rope_tables` repeats them for the H + Hkv heads of
     q and k, (S, (dq + dkv)/2) each. Query head j reads key/value head j // (H // Hkv). With
     `past` (decoding), the S positions come after `past.pos` earlier ones whose keys and values
-    `past` holds. Returns `(out, cache)`, out (N, d).
+    `past` holds. `layer`, the layer's index, gives its sliding window (`window_of`; without
+    it, the one all layers share). Returns `(out, cache)`, out (N, d).
     """
     S, H, Hkv, dq, dkv = cos.shape[0], cfg.n_head, cfg.n_kv_head, cfg.q_dim, cfg.kv_dim
     B, w = h.shape[0] // S, dq + 2 * dkv
@@ -236,16 +265,15 @@ def attention_block_forward(
     qk = split_heads(qk.reshape(B * S, dq + dkv), B, S, H + Hkv)  # (B, H + Hkv, S, hd)
     q, k = qk[:, :H], qk[:, H:]  # (B, H, S, hd) and (B, Hkv, S, hd), views
     v = split_heads(qkv, B, S, H + 2 * Hkv)[:, H + Hkv :]  # (B, Hkv, S, hd), a view
-    if past is not None:  # decoding: keep the new keys and values, attend to all so far
-        P = past.pos + S
-        past.k[:, :, past.pos : P], past.v[:, :, past.pos : P] = k, v
-        k, v = past.k[:, :, :P], past.v[:, :, :P]  # (B, Hkv, P, hd) every position so far
+    window = layer_window(cfg, layer)
+    if past is not None:  # decoding: keep the new keys and values, attend to those kept
+        k, v, window = _with_past(past, k, v, window)  # (B, Hkv, P, hd), P <= pos + S
     if cfg.attention == "flash" and past is None:  # the same values, without (S, S) weights
-        a, attention = flash_attention_forward(q, k, v, cfg.flash_block)  # (B, H, S, hd)
+        a, attention = flash_attention_forward(q, k, v, cfg.flash_block, window)  # (B, H,
+        # S, hd)
     else:  # (decoding's weights are (S, P), one row per new position: the plain form)
         scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
-        a, attention = causal_attention_forward(q, k, v, cfg.sliding_window, scale)  # (B, H, S,
-        # hd)
+        a, attention = causal_attention_forward(q, k, v, window, scale)  # (B, H, S, hd)
     out, out_cache = linear_forward(merge_heads(a), p["wo"])  # (N, d)
     post = None
     if cfg.post_norms:  # Gemma 3: the branch's output normalized before it joins the stream
@@ -368,12 +396,13 @@ class LayerCache(NamedTuple):
 
 def layer_forward(
     h: np.ndarray, p: dict, cfg: Config, cos: np.ndarray, sin: np.ndarray,
-    past: PastKV | None = None,
+    past: PastKV | None = None, layer: int | None = None,
 ) -> tuple[np.ndarray, LayerCache]:
     """One layer on the stream h (N, d): each block reads it and adds its output back.
 
-    cos, sin (S, (d + dkv)/2) and `past` (decoding) as `attention_block_forward` takes them."""
-    out, attn = attention_block_forward(h, p, cfg, cos, sin, past)  # (N, d)
+    cos, sin (S, (d + dkv)/2), `past` (decoding) and `layer` (its index) as
+    `attention_block_forward` takes them."""
+    out, attn = attention_block_forward(h, p, cfg, cos, sin, past, layer)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection h + out (out is ours: its memory is reused)
     out, ffn = swiglu_block_forward(h, p, cfg)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection
@@ -481,12 +510,11 @@ def forward(
     layers, layer_inputs = [], []
     for l in range(cfg.n_layer):
         cl, sl = layer_tables(cfg, l, cos, sin)  # (S, (dq + dkv)/2) each
-        cfg_l = layer_config(cfg, l)  # its window: none in a global layer
         if recompute:
             layer_inputs.append(h)
-            h, _ = layer_forward(h, layer_params(params, l), cfg_l, cl, sl)
+            h, _ = layer_forward(h, layer_params(params, l), cfg, cl, sl, layer=l)
         else:
-            h, layer = layer_forward(h, layer_params(params, l), cfg_l, cl, sl)
+            h, layer = layer_forward(h, layer_params(params, l), cfg, cl, sl, layer=l)
             layers.append(layer)
     logits, head = head_forward(h, params, cfg)  # (N, V)
     logits = logits.reshape(B, S, -1)  # (B, S, V)
@@ -505,7 +533,8 @@ def backward(
     data-parallel run starts their all-reduce there (see the "Many processes" chapter).
     `release=True` says that the caller gives the cache up: each layer's part is dropped from it
     as soon as that layer is done, so its memory can serve the gradients that follow, as
-    autograd frees what it saved (`loss_and_grads` does this; the cache is then spent).
+    autograd frees what it saved (`loss_and_grads` does this; the cache is then spent); a full
+    workspace lets its arrays go too (`give_back`).
     """
     if not isinstance(cache, ModelCache):
         raise TypeError(f"cache must be the ModelCache that forward returned, "
@@ -526,11 +555,14 @@ def backward(
         else:  # recompute: run layer l's forward again from its input
             p = layer_params(params, l)
             cl, sl = layer_tables(cfg, l, cache.cos, cache.sin)
-            _, layer = layer_forward(cache.layer_inputs[l], p, layer_config(cfg, l), cl, sl)
+            _, layer = layer_forward(cache.layer_inputs[l], p, cfg, cl, sl, layer=l)
         dh, grads_l = layer_backward(dh, layer)
-        del layer
+        given = release and give_back(layer)  # a full workspace lets it go
         if release:  # nothing reads layer l's cache again
             (cache.layers or cache.layer_inputs)[l] = None
+        del layer
+        if given:  # its memory serves the gradients that follow
+            return_freed()
         for name, g in grads_l.items():
             grads[name][l] = g
         if on_layer is not None:

@@ -12,17 +12,29 @@ new one that the workspace then keeps. An array is free when the only references
 workspace's own: as long as a cache, a view or a caller holds it, it is never handed out again.
 So reuse is safe without any rule about lifetimes, and the arrays a function returns are the
 caller's until the caller drops them.
+
+Its limits: arrays of at most `_SMALL` elements come from np.empty (malloc reuses those without
+page faults). A step whose arrays outgrow the limit (a real model's) fills the workspace; a
+full workspace gives a backward's released caches back (`give_back`, `return_freed`), so that
+their memory serves the gradients instead of waiting for the next step.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import math
 import sys
 import threading
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from numpy.typing import DTypeLike
 
 _LIMIT_BYTES = 512 * 2**20  # beyond this the workspace stops keeping new arrays
+_SMALL = 8192  # elements (64 KiB at most): `empty` makes arrays this small with np.empty. glibc
+# serves blocks below its mmap threshold (128 KiB) from its own free lists, with no page fault,
+# and searching the workspace costs more than that (decoding asks for hundreds per token)
 
 
 def _free_index(arrays: list[np.ndarray], start: int, free_refs: int) -> int:
@@ -61,6 +73,7 @@ class Workspace:
         self._next: dict[int, int] = {}  # where the next search starts, per list (by its id)
         self.nbytes = 0  # bytes held, free or in use
         self.limit_bytes = limit_bytes
+        self.full = False  # whether it has declined to keep an array (the limit reached)
 
     def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
         if type(shape) is not tuple:
@@ -78,13 +91,74 @@ class Workspace:
         if self.nbytes + a.nbytes <= self.limit_bytes:
             arrays.append(a)
             self.nbytes += a.nbytes
+        else:
+            self.full = True
         return a
+
+    def give_back(self, held: object) -> bool:
+        """When the workspace is full, stop keeping the arrays that `held` refers to (an array,
+        a NamedTuple cache, a list or dict of them, nested): their memory then goes back to the
+        system once their holders drop them, and can serve what a full workspace cannot keep.
+        Below the limit it keeps them, for the next step. Returns whether it is full: whether
+        what `held` refers to may go back to the system (it may hold arrays never kept)."""
+        if not self.full:
+            return False
+        for a in _roots(held):
+            arrays = self._arrays.get((a.shape, a.dtype)) or []
+            for i, b in enumerate(arrays):
+                if b is a:
+                    del arrays[i]
+                    self.nbytes -= a.nbytes
+                    break
+        return True
 
     def clear(self) -> None:
         """Forget every array: the memory goes back once nothing else refers to it."""
         self._arrays.clear()
         self._next.clear()
         self.nbytes = 0
+        self.full = False
+
+
+def _roots(held: object) -> Iterator[np.ndarray]:
+    """The arrays that own the memory `held` refers to: each array's, or each view's base."""
+    if isinstance(held, np.ndarray):
+        while isinstance(held.base, np.ndarray):
+            held = held.base
+        yield held
+    elif isinstance(held, (tuple, list)):
+        for h in held:
+            yield from _roots(h)
+    elif isinstance(held, dict):
+        for h in held.values():
+            yield from _roots(h)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None elsewhere: freed blocks inside the heap stay resident until
+    it returns their pages (blocks above the mmap threshold go back at once, but glibc raises
+    that threshold to the size of the blocks freed, up to 32 MiB)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim: Callable[[int], int] = libc.malloc_trim
+        return trim
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def give_back(held: object) -> bool:
+    """This thread's workspace's `give_back`. Once the holders have dropped what `held`
+    refers to, `return_freed()` hands its pages back to the system."""
+    return workspace().give_back(held)
+
+
+def return_freed() -> None:
+    """Return the heap's free pages to the system (glibc; nothing elsewhere)."""
+    if _TRIM is not None:
+        _TRIM(0)
 
 
 _local = threading.local()  # one workspace per thread: two threads never share a free array
@@ -99,11 +173,16 @@ def workspace() -> Workspace:
 
 
 def empty(shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
-    """An uninitialized array from this thread's workspace, like `np.empty(shape, dtype)`."""
+    """An uninitialized array from this thread's workspace, like `np.empty(shape, dtype)`; a
+    small one (at most `_SMALL` elements) straight from np.empty."""
+    if math.prod(shape) <= _SMALL:
+        return np.empty(shape, dtype)
     ws = getattr(_local, "ws", None) or workspace()
     return ws.empty(shape, dtype)
 
 
 def empty_like(a: np.ndarray) -> np.ndarray:
     """`empty(a.shape, a.dtype)`."""
+    if a.size <= _SMALL:
+        return np.empty(a.shape, a.dtype)
     return (getattr(_local, "ws", None) or workspace()).empty(a.shape, a.dtype)
