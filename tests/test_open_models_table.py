@@ -37,9 +37,14 @@ def test_each_file_reads_and_adds_what_its_family_adds(name: str) -> None:
     cfg = config_from_hf(PUBLISHED[name]["config"])
     book = Config(vocab_size=8, n_embd=8, n_head=2, n_layer=1, seq_len=8)
     added = {f for f in ("head_width", "qkv_bias", "qk_norm", "rope_scaling", "sliding_window",
-                         "nope_layers") if getattr(cfg, f) != getattr(book, f)}
+                         "nope_layers", "activation", "norm_plus_one", "post_norms",
+                         "scale_embeddings", "global_layers", "local_rope_theta")
+             if getattr(cfg, f) != getattr(book, f)}
     expected = {"llama": set(), "qwen2": {"qkv_bias"}, "qwen3": {"head_width", "qk_norm"},
-                "mistral": {"sliding_window"}, "smollm3": {"nope_layers"}}
+                "mistral": {"sliding_window"}, "smollm3": {"nope_layers"},
+                "gemma3_text": {"head_width", "qk_norm", "sliding_window", "activation",
+                                "norm_plus_one", "post_norms", "scale_embeddings",
+                                "global_layers", "local_rope_theta"}}
     kind = PUBLISHED[name]["config"]["model_type"]
     want = {"rope_scaling"} if name.startswith("Llama-3") else expected[kind]
     assert added == want
