@@ -353,7 +353,7 @@ def test_lab_writes_the_chapters_then_opens_jupyterlab_on_them(tmp_path) -> None
 def test_worker_processes_where_the_system_is_not_posix_are_one_line(monkeypatch) -> None:
     from xenith_edu.training import processes
 
-    monkeypatch.setattr(processes.os, "name", "nt")
+    monkeypatch.setattr(processes, "POSIX", False)
     with pytest.raises(OSError, match=r"need POSIX .* \(parallel='threads'\)"):
         processes.ProcessShards(2)
 

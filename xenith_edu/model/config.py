@@ -83,7 +83,7 @@ class Config:
             raise ValueError(
                 f"Config.n_embd ({self.n_embd}) must be divisible by Config.n_head ({self.n_head})"
             )
-        if self.n_head % self.n_kv_head:
+        if self.n_head % self.kv_heads:
             raise ValueError(
                 f"Config.n_kv_head ({self.n_kv_head}) must divide Config.n_head ({self.n_head}): "
                 "each key/value head serves the same number of query heads"
@@ -156,6 +156,18 @@ class Config:
                                  f"[0, {self.vocab_size}), got {value!r}")
 
     @property
+    def hidden(self) -> int:
+        """SwiGLU's hidden width, an int: ffn_hidden as `__post_init__` filled it (LLaMA's rule
+        when it was not given). Read this, not the field, whose type also admits None."""
+        return self.ffn_hidden if self.ffn_hidden is not None else default_ffn_hidden(self.n_embd)
+
+    @property
+    def kv_heads(self) -> int:
+        """The key/value heads, an int: n_kv_head as `__post_init__` filled it (n_head when it
+        was not given). Read this, not the field, whose type also admits None."""
+        return self.n_kv_head if self.n_kv_head is not None else self.n_head
+
+    @property
     def head_dim(self) -> int:
         """Each head's width: head_width if given, else n_embd // n_head."""
         return self.head_width or self.n_embd // self.n_head
@@ -169,12 +181,12 @@ class Config:
     @property
     def kv_dim(self) -> int:
         """The width of the keys (and of the values) of all heads: n_kv_head * head_dim."""
-        return self.n_kv_head * self.head_dim
+        return self.kv_heads * self.head_dim
 
     @property
     def group(self) -> int:
         """Query heads per key/value head: query head j reads key/value head j // group."""
-        return self.n_head // self.n_kv_head
+        return self.n_head // self.kv_heads
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ..embedding import embedding_forward
 from ..swiglu import stacked_gate_up
@@ -61,12 +62,12 @@ class KVCache(NamedTuple):
 
 def kv_cache_bytes(cfg: Config, itemsize: int, batch: int = 1) -> int:
     """Bytes of a full KV cache: keys and values of every layer, key/value head and position."""
-    return 2 * cfg.n_layer * batch * cfg.n_kv_head * cfg.seq_len * cfg.head_dim * itemsize
+    return 2 * cfg.n_layer * batch * cfg.kv_heads * cfg.seq_len * cfg.head_dim * itemsize
 
 
-def empty_kv_cache(cfg: Config, dtype: type) -> KVCache:
+def empty_kv_cache(cfg: Config, dtype: DTypeLike) -> KVCache:
     """A KV cache for one sequence of up to seq_len positions, nothing filled yet."""
-    shape = (cfg.n_layer, 1, cfg.n_kv_head, cfg.seq_len, cfg.head_dim)  # (L, 1, Hkv, C, hd)
+    shape = (cfg.n_layer, 1, cfg.kv_heads, cfg.seq_len, cfg.head_dim)  # (L, 1, Hkv, C, hd)
     return KVCache(np.empty(shape, dtype), np.empty(shape, dtype))
 
 

@@ -42,9 +42,9 @@ PARAMS: tuple[Param, ...] = (
     Param("wv", lambda c: (c.n_layer, c.n_embd, c.kv_dim), "matrix", True, True),
     Param("wo", lambda c: (c.n_layer, c.q_dim, c.n_embd), "matrix", True, True),
     Param("rms_ffn", lambda c: (c.n_layer, c.n_embd), "gain", False, True),
-    Param("w1", lambda c: (c.n_layer, c.n_embd, c.ffn_hidden), "matrix", True, True),
-    Param("w3", lambda c: (c.n_layer, c.n_embd, c.ffn_hidden), "matrix", True, True),
-    Param("w2", lambda c: (c.n_layer, c.ffn_hidden, c.n_embd), "matrix", True, True),
+    Param("w1", lambda c: (c.n_layer, c.n_embd, c.hidden), "matrix", True, True),
+    Param("w3", lambda c: (c.n_layer, c.n_embd, c.hidden), "matrix", True, True),
+    Param("w2", lambda c: (c.n_layer, c.hidden, c.n_embd), "matrix", True, True),
     Param("rms_final", lambda c: (c.n_embd,), "gain", False, False),
     Param("lm_head", lambda c: (c.vocab_size, c.n_embd), "matrix", True, False, untied_only=True),
 )
@@ -102,7 +102,7 @@ def decays(name: str) -> bool:
 def init_params(cfg: Config, seed: int = 0, dtype: type = np.float32) -> dict[str, np.ndarray]:
     """Weights drawn from N(0, 0.02**2), RMSNorm gains set to one, biases to zero."""
     rng = np.random.default_rng(seed)
-    params = {}
+    params: dict[str, np.ndarray] = {}
     for name, shape in param_shapes(cfg).items():
         if PARAM[name].kind == "gain":
             params[name] = np.ones(shape, dtype=dtype)
@@ -120,7 +120,7 @@ def random_params(cfg: Config, rng: np.random.Generator, scale: float = 0.4,
     Init-scale weights (0.02) make every layer nearly linear and every gain exactly one, so a
     wrong gradient can hide; these make every term of the backward pass matter.
     """
-    params = {}
+    params: dict[str, np.ndarray] = {}
     for name, shape in param_shapes(cfg).items():
         if PARAM[name].kind == "gain":
             params[name] = (1.0 + gain_spread * rng.standard_normal(shape)).astype(dtype)

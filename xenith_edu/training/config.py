@@ -195,7 +195,8 @@ class TrainConfig:
 
 def _follows_rule(model: Config, name: str) -> bool:
     """Whether the model's `name`, a size that defaults from others, has its default value."""
-    return getattr(model, name) == getattr(replace(model, **{name: None}), name)
+    blank: dict[str, Any] = {name: None}  # a field named at run time: None, its default rule
+    return getattr(model, name) == getattr(replace(model, **blank), name)
 
 
 # The book recipe: nanoGPT's CPU recipe for char-level Shakespeare, on our model.

@@ -7,7 +7,9 @@ L layers. A checkpoint's nn.Linear weight is (out, in); ours is (in, out).
 
 from __future__ import annotations
 
-import math
+import sys
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -24,23 +26,28 @@ def _refuse(field: str, value: object, why: str) -> ValueError:
     return ValueError(f"config.json field {field} = {value!r}: {why}; nothing was written")
 
 
-def _number(hf: dict, key: str, kind: type, default: object = None, where: str = "") -> object:
+def _int(hf: dict, key: str, default: int | None = None, where: str = "") -> int:
+    """Field `key` of `hf` (or `default`), a positive int; ValueError naming it otherwise."""
     value = hf.get(key, default)
-    ok = isinstance(value, kind) and not isinstance(value, bool)
-    if kind is float:
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-              and 0 < value < math.inf)
-    elif ok:
-        ok = value > 0
-    if not ok:
-        raise _refuse(where + key, value, f"expected a positive {kind.__name__}")
+    if isinstance(value, bool) or not isinstance(value, int) or not value > 0:
+        raise _refuse(where + key, value, "expected a positive int")
     return value
 
 
-def _rope(hf: dict) -> dict:
+def _float(hf: dict, key: str, default: float | None = None, where: str = "") -> float:
+    """Field `key` of `hf` (or `default`), a positive number that a float holds (an int as
+    written: 8 stays 8); ValueError naming it otherwise."""
+    value = hf.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 < value <= sys.float_info.max:
+        raise _refuse(where + key, value, "expected a positive float")
+    return value
+
+
+def _rope(hf: dict) -> dict[str, Any]:
     """The Config's RoPE fields: rope_theta, at the top (older files) or in rope_scaling /
     rope_parameters (transformers 5), and Llama 3's frequency scaling if the file asks for it."""
-    out = {"rope_theta": float(_number(hf, "rope_theta", float, 10000.0))}
+    out: dict[str, Any] = {"rope_theta": float(_float(hf, "rope_theta", 10000.0))}
     for key in ("rope_scaling", "rope_parameters"):
         rope = hf.get(key)
         if rope is None:
@@ -52,10 +59,10 @@ def _rope(hf: dict) -> dict:
             raise _refuse(key, kind, "the book's RoPE has the plain frequencies and Llama 3's "
                                      "scaling only, so this checkpoint cannot be represented")
         if "rope_theta" in rope:
-            out["rope_theta"] = float(_number(rope, "rope_theta", float))
+            out["rope_theta"] = float(_float(rope, "rope_theta"))
         if kind == "llama3":
-            out.update(rope_scaling="llama3", **{ours: _number(rope, theirs, kind_, None,
-                                                                f"{key}.")
+            out.update(rope_scaling="llama3", **{ours: (_float if kind_ is float else _int)(
+                                                      rope, theirs, None, f"{key}.")
                                                   for theirs, (ours, kind_) in LLAMA3.items()})
     return out
 
@@ -80,7 +87,7 @@ def _nope_layers(hf: dict, n_layer: int) -> tuple[int, ...]:
     by default every no_rope_layer_interval-th layer, as transformers makes them."""
     flags = hf.get("no_rope_layers")
     if flags is None:
-        every = _number(hf, "no_rope_layer_interval", int, 4)
+        every = _int(hf, "no_rope_layer_interval", 4)
         flags = [int((l + 1) % every != 0) for l in range(n_layer)]
     if not isinstance(flags, list) or len(flags) != n_layer or any(
             f not in (0, 1) or isinstance(f, bool) for f in flags):
@@ -88,7 +95,7 @@ def _nope_layers(hf: dict, n_layer: int) -> tuple[int, ...]:
     return tuple(l for l, f in enumerate(flags) if f == 0)
 
 
-def _family(hf: dict, kind: str, n_layer: int) -> dict:
+def _family(hf: dict, kind: str, n_layer: int) -> dict[str, Any]:
     """What the family adds: Qwen2.5's q, k, v biases, Qwen3's QK-norm, Mistral's window; and
     the fields it would need that the book's model has not, refused by name."""
     _flag(hf, "mlp_bias", False, "the book's SwiGLU has no bias terms")
@@ -98,7 +105,7 @@ def _family(hf: dict, kind: str, n_layer: int) -> dict:
           "are not in the book's model: only every layer windowed (mistral) or none")
     window = hf.get("sliding_window") if kind == "mistral" else None
     if window is not None:
-        window = _number(hf, "sliding_window", int)
+        window = _int(hf, "sliding_window")
     layers = hf.get("layer_types")
     want = "sliding_attention" if window is not None else "full_attention"
     if layers is not None and (not isinstance(layers, list) or any(t != want for t in layers)):
@@ -114,7 +121,7 @@ TOKEN_FIELDS =  ("pad_token_id", "bos_token_id", "eos_token_id")  # same names i
 def _token_ids(hf: dict, key: str, vocab: int) -> int | tuple[int, ...] | None:
     """A special token's id (eos: one id or several) if it names a row of the table, else None:
     some files say -1 or null, and then the table has no such row."""
-    value = hf.get(key)
+    value: Any = hf.get(key)  # JSON: anything, checked below
     many = isinstance(value, list) and key == "eos_token_id"
     ids = value if many else [value]
     if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
@@ -133,17 +140,17 @@ def config_from_hf(hf: object) -> Config:
         raise _refuse("model_type", kind, f"the book reads {', '.join(FAMILIES)} checkpoints")
     if hf.get("hidden_act", "silu") != "silu":
         raise _refuse("hidden_act", hf.get("hidden_act"), "the book's SwiGLU gates with SiLU")
-    sizes = {ours: _number(hf, key, int) for key, ours in INT_FIELDS.items()}
+    sizes: dict[str, Any] = {ours: _int(hf, key) for key, ours in INT_FIELDS.items()}
     H = sizes["n_head"]
-    hkv = _number(hf, "num_key_value_heads", int, H)
+    hkv = _int(hf, "num_key_value_heads", H)
     head_dim = hf.get("head_dim")
-    if head_dim is not None and _number(hf, "head_dim", int) % 2:
+    if head_dim is not None and _int(hf, "head_dim") % 2:
         raise _refuse("head_dim", head_dim, "RoPE turns pairs: a head's width must be even")
     tie = hf.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
         raise _refuse("tie_word_embeddings", tie, "expected true or false")
-    tokens = {k: _token_ids(hf, k, sizes["vocab_size"]) for k in TOKEN_FIELDS}
-    eps = float(_number(hf, "rms_norm_eps", float, 1e-6))
+    tokens: dict[str, Any] = {k: _token_ids(hf, k, sizes["vocab_size"]) for k in TOKEN_FIELDS}
+    eps = float(_float(hf, "rms_norm_eps", 1e-6))
     rope, family = _rope(hf), _family(hf, kind, sizes["n_layer"])  # their errors name their fields
     try:
         return Config(**sizes, n_kv_head=hkv, tie_embeddings=tie, norm_eps=eps, family=kind,
@@ -216,14 +223,15 @@ def pair_rows(n_heads: int, hd: int) -> np.ndarray:
 
 def hf_names(cfg: Config) -> dict[str, tuple[str, int | None]]:
     """Each checkpoint tensor name -> (our parameter, layer or None)."""
-    names = {"model.embed_tokens.weight": ("wte", None), "model.norm.weight": ("rms_final", None)}
+    names: dict[str, tuple[str, int | None]] = {"model.embed_tokens.weight": ("wte", None),
+                                                "model.norm.weight": ("rms_final", None)}
     if not cfg.tie_embeddings:
         names["lm_head.weight"] = ("lm_head", None)
     per_layer = {"input_layernorm": "rms_attn", "post_attention_layernorm": "rms_ffn",
                  "self_attn.q_proj": "wq", "self_attn.k_proj": "wk", "self_attn.v_proj": "wv",
                  "self_attn.o_proj": "wo", "mlp.gate_proj": "w1", "mlp.up_proj": "w3",
                  "mlp.down_proj": "w2"}
-    extra = {}
+    extra: dict[str, str] = {}
     if cfg.qkv_bias:
         extra.update({"self_attn.q_proj.bias": "bq", "self_attn.k_proj.bias": "bk",
                       "self_attn.v_proj.bias": "bv"})
@@ -239,7 +247,7 @@ def hf_names(cfg: Config) -> dict[str, tuple[str, int | None]]:
 
 def _pairs(name: str, cfg: Config) -> np.ndarray | None:
     """The rows of a q or k tensor (weight, bias or per-head gain) in our pairing, else None."""
-    heads = {"wq": cfg.n_head, "bq": cfg.n_head, "wk": cfg.n_kv_head, "bk": cfg.n_kv_head,
+    heads = {"wq": cfg.n_head, "bq": cfg.n_head, "wk": cfg.kv_heads, "bk": cfg.kv_heads,
              "q_norm": 1, "k_norm": 1}.get(name)
     return None if heads is None else pair_rows(heads, cfg.head_dim)
 
@@ -252,12 +260,12 @@ def _to_ours(name: str, w: np.ndarray, cfg: Config) -> np.ndarray:
     return w.T if w.ndim == 2 and name not in ("wte", "lm_head") else w
 
 
-def params_from_hf(tensors: dict[str, np.ndarray], cfg: Config,
+def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: Config,
                    dtype: type = np.float32) -> dict[str, np.ndarray]:
     """Our parameters from a checkpoint's tensors; ValueError naming a missing, misshapen or
     unexpected tensor. A tied checkpoint may also store lm_head.weight: it must equal wte."""
     shapes, names = param_shapes(cfg), hf_names(cfg)
-    params = {k: np.empty(s, dtype=dtype) for k, s in shapes.items()}
+    params: dict[str, np.ndarray] = {k: np.empty(s, dtype=dtype) for k, s in shapes.items()}
     missing = sorted(set(names) - set(tensors))
     if missing:
         raise ValueError(f"the checkpoint lacks tensor '{missing[0]}' (and {len(missing) - 1} "
