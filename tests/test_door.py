@@ -178,8 +178,8 @@ def test_grading_says_in_one_line_that_it_needs_linux(no_posix, tmp_path) -> Non
 # ---------------------------------------------------------------- training, without POSIX
 
 
-QUICK = ("train", "--preset", "small", "--steps", "4", "--eval-every", "2", "--no-progress",
-         "--sample-chars", "0")
+QUICK = ("train", "--preset", "small", "--steps", "4", "--eval-every", "2", "--eval-batches", "2",
+         "--no-progress", "--sample-chars", "0")
 
 
 def test_the_small_preset_trains_and_resumes_without_posix(no_posix, tmp_path) -> None:
