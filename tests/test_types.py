@@ -7,6 +7,7 @@ name; a checkpoint is always read with its weights.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from dataclasses import replace
@@ -32,10 +33,16 @@ def configs(draw) -> Config:
                                                   if n_head % k == 0]))
     head_width = draw(st.none() | st.integers(1, 12).map(lambda h: 2 * h))
     n_embd = n_head * draw(st.integers(1, 12)) * (1 if head_width else 2)
-    return Config(vocab_size=draw(st.integers(1, 50)), n_embd=n_embd, n_head=n_head,
-                  n_layer=draw(st.integers(1, 3)),
-                  ffn_hidden=draw(st.none() | st.integers(1, 300)), n_kv_head=n_kv_head,
-                  head_width=head_width)
+    vocab_size, n_layer = draw(st.integers(1, 50)), draw(st.integers(1, 3))
+    as_numpy = draw(st.sampled_from([lambda v: v, np.int64, np.int32, np.uint16]))
+    wrap = lambda v: v if v is None else as_numpy(v)  # noqa: E731 -- sizes held by NumPy too
+    return Config(vocab_size=wrap(vocab_size), n_embd=wrap(n_embd), n_head=wrap(n_head),
+                  n_layer=wrap(n_layer), ffn_hidden=wrap(draw(st.none() | st.integers(1, 300))),
+                  n_kv_head=wrap(n_kv_head), head_width=wrap(head_width),
+                  pad_token_id=wrap(draw(st.none() | st.integers(0, vocab_size - 1))),
+                  nope_layers=tuple(wrap(l) for l in range(n_layer) if draw(st.booleans())),
+                  tie_embeddings=draw(st.sampled_from([True, False, np.True_, np.False_])),
+                  norm_eps=draw(st.sampled_from([1e-5, np.float32(1e-6), np.float64(1e-6)])))
 
 
 @settings(max_examples=150, deadline=None)
@@ -50,6 +57,9 @@ def test_the_filled_sizes_have_typed_homes_that_agree_with_the_fields(cfg: Confi
     assert cfg.kv_heads * cfg.group == cfg.n_head
     assert cfg.kv_dim == cfg.kv_heads * cfg.head_dim and cfg.q_dim == cfg.n_head * cfg.head_dim
     shapes = xe.param_shapes(cfg)
+    assert all(type(v) in (int, float, bool, str, tuple, type(None)) for v in
+               cfg.to_dict().values()) and all(type(v) is int for v in cfg.nope_layers)
+    assert Config(**json.loads(json.dumps(cfg.to_dict()))) == cfg  # what a checkpoint keeps
     assert shapes["w1"] == (cfg.n_layer, cfg.n_embd, cfg.hidden)
     assert shapes["wk"] == (cfg.n_layer, cfg.n_embd, cfg.kv_heads * cfg.head_dim)
 

@@ -15,6 +15,14 @@ def default_ffn_hidden(n_embd: int, multiple_of: int = 32) -> int:
     return multiple_of * math.ceil(8 * n_embd / 3 / multiple_of)
 
 
+def _python(value: object) -> object:
+    """A NumPy scalar as the Python value it holds (np.int64(3) -> 3), inside a tuple or list
+    too; any other value as it is."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_python(v) for v in value)
+    return value.item() if isinstance(value, np.generic) else value
+
+
 # The fields the open models added, shown by repr only when they differ from their defaults:
 # the book's model prints as it always has.
 OPEN_FIELDS = ("head_width", "qkv_bias", "qk_norm", "rope_scaling", "rope_factor",
@@ -62,6 +70,8 @@ class Config:
     # at an end token); several ends (Llama 3's) are a tuple
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # NumPy scalars as Python's: one form, the one JSON writes
+            object.__setattr__(self, f.name, _python(getattr(self, f.name)))
         for name in ("vocab_size", "n_embd", "n_head", "n_layer", "ffn_hidden", "seq_len",
                      "n_kv_head", "flash_block", "head_width", "sliding_window",
                      "rope_original_context"):
