@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 FAST: dict[str, tuple[str, ...]] = {
     "components": ("test_components.py", "test_caches.py", "test_flash_attention.py",
                    "test_gqa.py", "test_gradcheck.py", "test_workspace.py", "test_optim.py"),
-    "model": ("test_model.py", "test_boundaries.py", "test_sample.py"),
+    "model": ("test_model.py", "test_boundaries.py", "test_sample.py", "test_types.py"),
     "checks": ("exercises/",),
     "layers": ("test_layers.py", "test_chapters.py", "test_contributing.py", "test_notation.py"),
 }

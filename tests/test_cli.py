@@ -27,7 +27,7 @@ from xenith_edu.training.config import model_fields
 # every setting of a run, the model's and the trainer's: one option each
 SETTINGS = [f.name for f in model_fields()] + [f.name for f in fields(TrainConfig)
                                                if f.name != "model"]
-QUICK = ["--preset", "small", "--no-progress", "--sample-chars", "0"]
+QUICK = ["--preset", "small", "--eval-batches", "1", "--no-progress", "--sample-chars", "0"]
 
 
 def run(argv, capsys):
@@ -354,7 +354,7 @@ def test_settings_reach_the_run_and_resume_keeps_or_changes_them(tmp_path, capsy
     assert ck.config.rope_theta == 500.0 and "lm_head" in ck.params
     assert TrainConfig.from_dict(ck.train) == SMALL.with_settings(steps=2, eval_every=2, n_layer=1,
                                                       tie_embeddings=False, rope_theta=500.0,
-                                                      lr=2e-3)
+                                                      lr=2e-3, eval_batches=1)
     # resuming keeps the checkpoint's settings; an optimizer setting may change
     rc, _, err = run(["train", "--resume", out, "--steps", "4", "--set", "lr=1e-3",
                       "--no-progress", "--sample-chars", "0"], capsys)

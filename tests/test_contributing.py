@@ -1,6 +1,7 @@
 """CONTRIBUTING.md's layout table is the tree's: every module of the package is named in it, and
 every module it names exists. The files the type checker reads (pyproject.toml's [tool.mypy])
-exist, and cover the tools and the components, so a new one is checked from its first commit.
+exist, and cover the tools, the components, the model, the trainer and the command line, so a
+new module there is checked from its first commit.
 """
 
 from __future__ import annotations
@@ -83,12 +84,13 @@ def mypy_files() -> list[str]:
     return config["tool"]["mypy"]["files"]
 
 
-def test_the_type_checker_reads_every_tool_and_component() -> None:
+def test_the_type_checker_reads_every_module_of_the_typed_floors() -> None:
     files = mypy_files()
     gone = [f for f in files if not (ROOT / f).is_file()]
     assert gone == [], f"[tool.mypy] files that do not exist: {gone}"
     must = {p.relative_to(ROOT).as_posix() for pattern in ("xenith_edu/*.py",
-            "xenith_edu/tools/*.py") for p in ROOT.glob(pattern)}
+            "xenith_edu/tools/*.py", "xenith_edu/model/*.py", "xenith_edu/model/hf/*.py",
+            "xenith_edu/training/*.py", "xenith_edu/cli/*.py") for p in ROOT.glob(pattern)}
     assert sorted(must - set(files)) == []
 
 

@@ -1,6 +1,7 @@
 """The door: `import xenith_edu` is light, and the package works on a system that is not POSIX.
 
 The invariants: the face loads no floor above the model, and every public name of it resolves;
+a module of the training floor loads only what it imports (the floor's face is lazy too);
 no module reachable from the face, the trainer or the command line imports a Unix-only module;
 a Python without fcntl, resource, pwd, grp, termios and fork, whose multiprocessing starts
 processes by spawn (as on Windows and macOS), imports every module but the grader's sandbox,
@@ -11,6 +12,7 @@ trains the small preset with worker processes and threads, keeps one trainer per
 
 from __future__ import annotations
 
+import ast
 import errno
 import importlib
 import itertools
@@ -141,6 +143,66 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
     assert not hasattr(xenith_edu, "grade")
 
 
+FLOOR = """
+import importlib, json, sys
+loaded = {}
+for name in sys.argv[1:]:
+    for m in [m for m in sys.modules if m.startswith("xenith_edu.training")]:
+        del sys.modules[m]  # each module of the floor imported as in a fresh interpreter
+    importlib.import_module(name)
+    loaded[name] = sorted(m for m in sys.modules if m.startswith("xenith_edu.training"))
+print(json.dumps(loaded))
+"""
+
+
+def _eager_imports(path: Path) -> set[str]:
+    """The modules of its own floor that a module imports when it is imported: its top-level
+    `from .x import ...` and `from . import x`, not those inside a function or TYPE_CHECKING."""
+    found: set[str] = set()
+    body = list(ast.parse(path.read_text(encoding="utf-8")).body)
+    while body:
+        node = body.pop()
+        if isinstance(node, ast.Try):
+            body += node.body + node.orelse + node.finalbody
+        elif isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module} if node.module else {a.name for a in node.names}
+    return found
+
+
+def test_a_module_of_the_training_floor_loads_only_what_it_imports(tmp_path) -> None:
+    """The floor's face is lazy (PEP 562): importing one module of it (the settings, to read a
+    preset) loads that module and what it imports, read from its source, and nothing else;
+    `import xenith_edu.training` alone loads no module of the floor."""
+    here = ROOT / "xenith_edu" / "training"
+    floor = {p.stem: _eager_imports(p) for p in here.glob("*.py") if p.stem != "__init__"}
+    names = ["xenith_edu.training", *(f"xenith_edu.training.{m}" for m in sorted(floor))]
+    ran = python(FLOOR, None, tmp_path, *names)
+    assert ran.returncode == 0, ran.stderr
+    for name, loaded in json.loads(ran.stdout).items():
+        want, todo = set(), [name.rsplit(".", 1)[1]] if name != "xenith_edu.training" else []
+        while todo:
+            m = todo.pop()
+            if m not in want:
+                want.add(m)
+                todo += floor[m]
+        assert set(loaded) == {"xenith_edu.training", *(f"xenith_edu.training.{m}"
+                                                          for m in want)}, name
+
+
+def test_the_training_floors_names_and_modules_resolve_lazily() -> None:
+    import xenith_edu.training as floor
+
+    for name in floor.__all__:
+        value = getattr(floor, name)
+        assert value is getattr(importlib.import_module(f"xenith_edu.training.{floor._LAZY[name]}"),
+                                name)
+        assert name in dir(floor)
+    for module in floor._MODULES:
+        assert getattr(floor, module) is importlib.import_module(f"xenith_edu.training.{module}")
+    with pytest.raises(AttributeError, match="no attribute 'TrainConfg'"):
+        floor.TrainConfg  # noqa: B018
+
+
 # ---------------------------------------------------------------- every module, without POSIX
 
 
@@ -178,8 +240,8 @@ def test_grading_says_in_one_line_that_it_needs_linux(no_posix, tmp_path) -> Non
 # ---------------------------------------------------------------- training, without POSIX
 
 
-QUICK = ("train", "--preset", "small", "--steps", "4", "--eval-every", "2", "--no-progress",
-         "--sample-chars", "0")
+QUICK = ("train", "--preset", "small", "--steps", "4", "--eval-every", "2", "--eval-batches", "2",
+         "--no-progress", "--sample-chars", "0")
 
 
 def test_the_small_preset_trains_and_resumes_without_posix(no_posix, tmp_path) -> None:
@@ -353,7 +415,7 @@ def test_lab_writes_the_chapters_then_opens_jupyterlab_on_them(tmp_path) -> None
 def test_worker_processes_where_the_system_is_not_posix_are_one_line(monkeypatch) -> None:
     from xenith_edu.training import processes
 
-    monkeypatch.setattr(processes.os, "name", "nt")
+    monkeypatch.setattr(processes, "POSIX", False)
     with pytest.raises(OSError, match=r"need POSIX .* \(parallel='threads'\)"):
         processes.ProcessShards(2)
 

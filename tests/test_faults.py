@@ -181,8 +181,8 @@ def test_two_from_hf_at_once_one_wins(hf, tmp_path):
 
 def test_a_finished_run_resumed_sweeps_the_plot_left_by_a_kill(tmp_path):
     out = tmp_path / "run"
-    quick = ["--preset", "small", "--steps", "2", "--eval-every", "2", "--no-progress",
-             "--sample-chars", "0", "--threads", "1"]
+    quick = ["--preset", "small", "--steps", "2", "--eval-every", "2", "--eval-batches", "1",
+             "--no-progress", "--sample-chars", "0", "--threads", "1"]
     assert cli(["train", *quick, "--out", out])[0] == 0
     stale = out / ".loss.png.0123456789ab.tmp"  # a kill at the last rename of the curve
     stale.write_bytes(b"half a png")

@@ -26,8 +26,9 @@ BIN = Path(sys.executable).parent
 MPIEXEC = str(BIN / "mpiexec") if (BIN / "mpiexec").exists() else shutil.which("mpiexec")
 WORKER = Path(__file__).parent / "mpi_worker.py"
 LIMIT = 300  # seconds for one mpiexec run: far more than it takes, far less than a hang
-RUN = ["--preset", "small", "--steps", "20", "--eval-every", "10", "--no-progress",
-       "--sample-chars", "0"]
+RUN = ["--preset", "small", "--steps", "20", "--eval-every", "10", "--eval-batches", "4",
+       "--no-progress", "--sample-chars", "0"]
+ONE = replace(SMALL, steps=20, eval_every=10, eval_batches=4)  # RUN, in this process
 TARGET = 2e-4  # max |validation-loss difference| after 20 steps (float32 rounding is ~1e-6)
 
 
@@ -80,10 +81,18 @@ def evals(out):
 
 @pytest.fixture(scope="module")
 def one(tmp_path_factory):
-    """The single-process run of the small preset, 20 steps."""
+    """The single-process run of the small preset, 20 steps (RUN)."""
     out = tmp_path_factory.mktemp("one") / "run"
-    train(replace(SMALL, steps=20, eval_every=10), out, progress=False, verbose=False)
+    train(ONE, out, progress=False, verbose=False)
     return out
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """The same run on two ranks (blocking all-reduce): the outcome of its mpiexec, and its
+    folder. Read by the test of the one-process model and by the test of overlap."""
+    out = tmp_path_factory.mktemp("two") / "run"
+    return mpiexec(2, *RUN, "--out", out), out
 
 
 # ---------------------------------------------------------------- without MPI
@@ -123,46 +132,45 @@ def test_ring_allreduce_bytes():
 # ---------------------------------------------------------------- under mpiexec
 
 
-def test_two_ranks_train_the_one_process_model(one, tmp_path):
-    r = mpiexec(2, *RUN, "--out", tmp_path / "two")
+def test_two_ranks_train_the_one_process_model(one, two):
+    r, out = two
     assert r.returncode == 0, r.stderr
     assert "2 processes" in r.stdout and r.stderr.count("error") == 0
     # the same files as a single-process run, written once (by rank 0)
-    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(
+    assert sorted(p.name for p in out.iterdir()) == sorted(
         p.name for p in one.iterdir()) == ["ckpt.npz", "log.jsonl", "loss.png"]
-    gap = np.abs(evals(tmp_path / "two") - evals(one)).max()
+    gap = np.abs(evals(out) - evals(one)).max()
     assert gap <= TARGET, f"validation losses differ by {gap:.2e}"
-    a, b = load_checkpoint(one), load_checkpoint(tmp_path / "two")
+    a, b = load_checkpoint(one), load_checkpoint(out)
     assert a.step == b.step == 20 and a.train == b.train and a.rng_state == b.rng_state
     for k in a.params:
         np.testing.assert_allclose(b.params[k], a.params[k], atol=1e-4)
-    records = [x for x in read_log(tmp_path / "two" / "log.jsonl") if x["event"] == "train"]
+    records = [x for x in read_log(out / "log.jsonl") if x["event"] == "train"]
     assert [x["step"] for x in records] == list(range(20))
     assert all(0 <= x["comm_ms"] <= x["ms"] for x in records)
 
 
-def test_overlap_gives_the_blocking_results_bit_for_bit(tmp_path):
-    short = [*RUN[:2], "--steps", "6", "--eval-every", "3", *RUN[6:]]
-    for name, extra in (("blocking", []), ("overlap", ["--overlap"])):
-        r = mpiexec(2, *short, *extra, "--out", tmp_path / name)
-        assert r.returncode == 0, r.stderr
-    a, b = load_checkpoint(tmp_path / "blocking"), load_checkpoint(tmp_path / "overlap")
+def test_overlap_gives_the_blocking_results_bit_for_bit(two, tmp_path):
+    """The run of `two` again, with each layer's all-reduce started as backward goes."""
+    (done, blocking), overlap = two, tmp_path / "overlap"
+    r = mpiexec(2, *RUN, "--overlap", "--out", overlap)
+    assert done.returncode == 0 and r.returncode == 0, r.stderr
+    a, b = load_checkpoint(blocking), load_checkpoint(overlap)
     for k in a.params:
         np.testing.assert_array_equal(a.params[k], b.params[k])
         np.testing.assert_array_equal(a.v[k], b.v[k])
-    np.testing.assert_array_equal(evals(tmp_path / "blocking"), evals(tmp_path / "overlap"))
+    np.testing.assert_array_equal(evals(blocking), evals(overlap))
 
 
 def test_resume_with_another_number_of_processes(one, tmp_path):
     out = tmp_path / "run"
-    train(replace(SMALL, steps=10, eval_every=10), out, progress=False, verbose=False)
+    train(replace(ONE, steps=10), out, progress=False, verbose=False)
     r = mpiexec(2, "--resume", out, "--steps", "20", "--no-progress", "--sample-chars", "0")
     assert r.returncode == 0, r.stderr
     gap = np.abs(evals(out) - evals(one)).max()
     assert gap <= TARGET and load_checkpoint(out).step == 20
     # and back to one process
-    train(replace(SMALL, steps=25, eval_every=10), out, resume=out, progress=False,
-          verbose=False)
+    train(replace(ONE, steps=25), out, resume=out, progress=False, verbose=False)
     assert load_checkpoint(out).step == 25
 
 
@@ -171,10 +179,9 @@ def test_fine_tuning_under_mpi_is_the_one_process_fine_tuning(one, tmp_path):
     does; rank 0 alone writes the new run."""
     tune = ["--steps", "6", "--eval-every", "3", "--seq-len", "32", "--batch-size", "8",
             "--eval-batches", "4", "--no-progress", "--sample-chars", "0", "--init", one]
-    single = subprocess.run([sys.executable, "-m", "xenith_edu", "train", *map(str, tune),
-                             "--out", str(tmp_path / "single")], capture_output=True, text=True,
-                            timeout=LIMIT, stdin=subprocess.DEVNULL)
-    assert single.returncode == 0, single.stderr
+    from xenith_edu.cli import main  # the command line in this process: no interpreter to start
+
+    assert main(["train", *map(str, tune), "--out", str(tmp_path / "single")]) == 0
     r = mpiexec(2, *tune, "--out", tmp_path / "two")
     assert r.returncode == 0, r.stderr
     assert "2 processes" in r.stdout

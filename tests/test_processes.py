@@ -9,6 +9,7 @@ import io
 import json
 import os
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -422,8 +423,22 @@ def test_no_descriptor_outlives_the_shards():
 
 
 def test_batch_shards_gives_threads_where_the_system_is_not_posix(monkeypatch):
-    monkeypatch.setattr(processes_mod.os, "name", "nt")
+    monkeypatch.setattr(processes_mod, "POSIX", False)
     assert isinstance(batch_shards(2), ThreadShards)
+    assert isinstance(batch_shards(2, "threads"), ThreadShards)
+
+
+def test_no_test_changes_what_the_whole_process_reads_of_its_system():
+    """os.name, os.sep, sys.platform... are every module's, pytest's own paths included (a
+    test that set os.name to "nt" made pathlib build WindowsPaths in pytest's report, and
+    failed when run alone): a test changes the one module's own answer (processes.POSIX)."""
+    what = r"(?:name|sep|altsep|linesep|pathsep|platform|system)"
+    shared = re.compile(r"setattr\(\s*(?:(?:[\w.]+\.)?(?:os|sys|platform|pathlib)\s*,\s*[\"']"
+                        + what + r"[\"']|[\"'](?:os|sys|platform|pathlib)\." + what + r"[\"'])")
+    found = [f"{p.name}:{n}" for p in sorted(Path(__file__).parent.rglob("*.py"))
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if shared.search(line)]
+    assert found == []
 
 
 def _replies(data: bytes) -> list:

@@ -192,7 +192,8 @@ def test_the_wheel_imports_every_component_and_trains(learner, tmp_path) -> None
     version = run(learner, tmp_path, "xenith-edu", "--version")
     assert version.stdout == f"xenith-edu {ran.stdout.split()[0]}\n"
     trained = run(learner, tmp_path, "xenith-edu", "train", "--preset", "small", "--steps", "3",
-                  "--eval-every", "3", "--no-progress", "--sample-chars", "20", "--out", "run")
+                  "--eval-every", "3", "--eval-batches", "1", "--no-progress", "--sample-chars",
+                  "20", "--out", "run")
     assert trained.returncode == 0, trained.stderr
     assert "after 3 steps" in trained.stdout
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [

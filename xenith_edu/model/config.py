@@ -15,6 +15,14 @@ def default_ffn_hidden(n_embd: int, multiple_of: int = 32) -> int:
     return multiple_of * math.ceil(8 * n_embd / 3 / multiple_of)
 
 
+def _python(value: object) -> object:
+    """A NumPy scalar as the Python value it holds (np.int64(3) -> 3), inside a tuple or list
+    too; any other value as it is."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_python(v) for v in value)
+    return value.item() if isinstance(value, np.generic) else value
+
+
 # The fields the open models added, shown by repr only when they differ from their defaults:
 # the book's model prints as it always has.
 OPEN_FIELDS = ("head_width", "qkv_bias", "qk_norm", "rope_scaling", "rope_factor",
@@ -80,6 +88,8 @@ class Config:
     # at an end token); several ends (Llama 3's) are a tuple
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # NumPy scalars as Python's: one form, the one JSON writes
+            object.__setattr__(self, f.name, _python(getattr(self, f.name)))
         for name in ("vocab_size", "n_embd", "n_head", "n_layer", "ffn_hidden", "seq_len",
                      "n_kv_head", "flash_block", "head_width", "sliding_window",
                      "rope_original_context", "query_pre_attn_scalar"):
@@ -101,7 +111,7 @@ class Config:
             raise ValueError(
                 f"Config.n_embd ({self.n_embd}) must be divisible by Config.n_head ({self.n_head})"
             )
-        if self.n_head % self.n_kv_head:
+        if self.n_head % self.kv_heads:
             raise ValueError(
                 f"Config.n_kv_head ({self.n_kv_head}) must divide Config.n_head ({self.n_head}): "
                 "each key/value head serves the same number of query heads"
@@ -210,6 +220,18 @@ class Config:
                                  f"[0, {self.vocab_size}), got {value!r}")
 
     @property
+    def hidden(self) -> int:
+        """SwiGLU's hidden width, an int: ffn_hidden as `__post_init__` filled it (LLaMA's rule
+        when it was not given). Read this, not the field, whose type also admits None."""
+        return self.ffn_hidden if self.ffn_hidden is not None else default_ffn_hidden(self.n_embd)
+
+    @property
+    def kv_heads(self) -> int:
+        """The key/value heads, an int: n_kv_head as `__post_init__` filled it (n_head when it
+        was not given). Read this, not the field, whose type also admits None."""
+        return self.n_kv_head if self.n_kv_head is not None else self.n_head
+
+    @property
     def head_dim(self) -> int:
         """Each head's width: head_width if given, else n_embd // n_head."""
         return self.head_width or self.n_embd // self.n_head
@@ -223,12 +245,12 @@ class Config:
     @property
     def kv_dim(self) -> int:
         """The width of the keys (and of the values) of all heads: n_kv_head * head_dim."""
-        return self.n_kv_head * self.head_dim
+        return self.kv_heads * self.head_dim
 
     @property
     def group(self) -> int:
         """Query heads per key/value head: query head j reads key/value head j // group."""
-        return self.n_head // self.n_kv_head
+        return self.n_head // self.kv_heads
 
     def to_dict(self) -> dict:
         return asdict(self)

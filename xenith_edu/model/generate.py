@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ..swiglu import stacked_gate_up
 from .checks import check_params, check_tokens
@@ -85,12 +86,12 @@ def kv_cache_bytes(cfg: Config, itemsize: int, batch: int = 1) -> int:
     """Bytes of a full KV cache: keys and values of every layer, key/value head and position
     it keeps."""
     positions = sum(cache_positions(cfg, l) for l in range(cfg.n_layer))
-    return 2 * batch * cfg.n_kv_head * positions * cfg.head_dim * itemsize
+    return 2 * batch * cfg.kv_heads * positions * cfg.head_dim * itemsize
 
 
-def empty_kv_cache(cfg: Config, dtype: type) -> KVCache:
+def empty_kv_cache(cfg: Config, dtype: DTypeLike) -> KVCache:
     """A KV cache for one sequence of up to seq_len positions, nothing filled yet."""
-    shapes = [(1, cfg.n_kv_head, cache_positions(cfg, l), cfg.head_dim)  # (1, Hkv, C_l, hd)
+    shapes = [(1, cfg.kv_heads, cache_positions(cfg, l), cfg.head_dim)  # (1, Hkv, C_l, hd)
               for l in range(cfg.n_layer)]
     return KVCache(tuple(np.empty(s, dtype) for s in shapes),
                    tuple(np.empty(s, dtype) for s in shapes))

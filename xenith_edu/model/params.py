@@ -44,9 +44,9 @@ PARAMS: tuple[Param, ...] = (
     Param("wv", lambda c: (c.n_layer, c.n_embd, c.kv_dim), "matrix", True, True),
     Param("wo", lambda c: (c.n_layer, c.q_dim, c.n_embd), "matrix", True, True),
     Param("rms_ffn", lambda c: (c.n_layer, c.n_embd), "gain", False, True),
-    Param("w1", lambda c: (c.n_layer, c.n_embd, c.ffn_hidden), "matrix", True, True),
-    Param("w3", lambda c: (c.n_layer, c.n_embd, c.ffn_hidden), "matrix", True, True),
-    Param("w2", lambda c: (c.n_layer, c.ffn_hidden, c.n_embd), "matrix", True, True),
+    Param("w1", lambda c: (c.n_layer, c.n_embd, c.hidden), "matrix", True, True),
+    Param("w3", lambda c: (c.n_layer, c.n_embd, c.hidden), "matrix", True, True),
+    Param("w2", lambda c: (c.n_layer, c.hidden, c.n_embd), "matrix", True, True),
     Param("rms_final", lambda c: (c.n_embd,), "gain", False, False),
     Param("lm_head", lambda c: (c.vocab_size, c.n_embd), "matrix", True, False, untied_only=True),
 )
@@ -109,7 +109,7 @@ def init_params(cfg: Config, seed: int = 0, dtype: type = np.float32) -> dict[st
     """Weights drawn from N(0, 0.02**2), RMSNorm gains set to one (w = 0 in Gemma's 1 + w),
     biases to zero."""
     rng = np.random.default_rng(seed)
-    params = {}
+    params: dict[str, np.ndarray] = {}
     for name, shape in param_shapes(cfg).items():
         if PARAM[name].kind == "gain":
             params[name] = (np.zeros if cfg.norm_plus_one else np.ones)(shape, dtype=dtype)
@@ -128,7 +128,7 @@ def random_params(cfg: Config, rng: np.random.Generator, scale: float = 0.4,
     Init-scale weights (0.02) make every layer nearly linear and every gain exactly one, so a
     wrong gradient can hide; these make every term of the backward pass matter.
     """
-    params = {}
+    params: dict[str, np.ndarray] = {}
     one = 0.0 if cfg.norm_plus_one else 1.0
     for name, shape in param_shapes(cfg).items():
         if PARAM[name].kind == "gain":

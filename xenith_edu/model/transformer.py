@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ..attention import AttentionCache, causal_attention_backward, causal_attention_forward
 from ..bias import BiasCache, bias_backward, bias_forward
@@ -89,7 +90,7 @@ def rope_scaling(cfg: Config) -> Llama3Scaling | LinearScaling | None:
                          cfg.rope_original_context)
 
 
-def qk_rope_tables(cfg: Config, seq_len: int, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+def qk_rope_tables(cfg: Config, seq_len: int, dtype: DTypeLike) -> tuple[np.ndarray, np.ndarray]:
     """The RoPE tables as the attention block takes them: (seq_len, (dq + dkv)/2) each, `dtype`.
 
     `rope_tables`' (seq_len, hd/2) repeated for the H + Hkv heads that sit side by side in a row
@@ -102,7 +103,7 @@ def qk_rope_tables(cfg: Config, seq_len: int, dtype: type) -> tuple[np.ndarray, 
     """
     cos, sin = rope_tables(seq_len, cfg.head_dim, cfg.rope_theta,
                            rope_scaling(cfg))  # (seq_len, hd/2) float64
-    heads = cfg.n_head + cfg.n_kv_head
+    heads = cfg.n_head + cfg.kv_heads
     cos, sin = np.tile(cos.astype(dtype), heads), np.tile(sin.astype(dtype), heads)
     if cfg.local_rope_theta is None:
         return cos, sin  # (seq_len, (dq + dkv)/2) each
@@ -252,7 +253,7 @@ def attention_block_forward(
     `past` holds. `layer`, the layer's index, gives its sliding window (`window_of`; without
     it, the one all layers share). Returns `(out, cache)`, out (N, d).
     """
-    S, H, Hkv, dq, dkv = cos.shape[0], cfg.n_head, cfg.n_kv_head, cfg.q_dim, cfg.kv_dim
+    S, H, Hkv, dq, dkv = cos.shape[0], cfg.n_head, cfg.kv_heads, cfg.q_dim, cfg.kv_dim
     B, w = h.shape[0] // S, dq + 2 * dkv
     xb, norm = rmsnorm_forward(h, p["rms_attn"], cfg.norm_eps, _offset(cfg))  # (N, d)
     # q, k, v = xb @ wq (+ bq), xb @ wk (+ bk), xb @ wv (+ bv), as one product
@@ -268,6 +269,7 @@ def attention_block_forward(
     window = layer_window(cfg, layer)
     if past is not None:  # decoding: keep the new keys and values, attend to those kept
         k, v, window = _with_past(past, k, v, window)  # (B, Hkv, P, hd), P <= pos + S
+    attention: AttentionCache | FlashCache
     if cfg.attention == "flash" and past is None:  # the same values, without (S, S) weights
         a, attention = flash_attention_forward(q, k, v, cfg.flash_block, window)  # (B, H,
         # S, hd)
@@ -282,9 +284,9 @@ def attention_block_forward(
                                     post)
 
 
-def _qk_grads(dqk: np.ndarray, cache: AttentionBlockCache, grads: dict) -> None:
+def _qk_grads(dqk: np.ndarray, pair: QKNormPair, grads: dict) -> None:
     """QK-norm in reverse, in place on dqk (B, S, dq + dkv); its gains' gradients into grads."""
-    qc, kc = cache.qk_norm
+    qc, kc = pair
     dq = qc.shape[-1]
     dqn, grads["q_norm"] = qk_norm_backward(dqk[..., :dq], qc)  # (B, S, dq), (hd,)
     dkn, grads["k_norm"] = qk_norm_backward(dqk[..., dq:], kc)  # (B, S, dkv), (hd,)
@@ -324,7 +326,7 @@ def attention_block_backward(
     dqk = dqkv.reshape(B, S, dq + 2 * dkv)[:, :, : dq + dkv]  # (B, S, dq + dkv) a view of dqkv
     rope_backward(dqk, cache.rope, out=dqk)
     if cache.qk_norm is not None:  # q, k = per-head rmsnorm(q), rmsnorm(k)
-        _qk_grads(dqk, cache, grads)
+        _qk_grads(dqk, cache.qk_norm, grads)
     if cache.bias is not None:  # qkv += [bq | bk | bv]: each bias sums its column's rows
         _, db = bias_backward(dqkv, cache.bias)  # (dq + 2dkv,)
         grads["bq"], grads["bk"], grads["bv"] = db[:dq], db[dq : dq + dkv], db[dq + dkv :]
@@ -458,7 +460,7 @@ def head_backward(
 
 # -- the embedding: h = s * wte[x] -----------------------------------------------------------
 
-def embed_scale(cfg: Config, dtype: type) -> float | None:
+def embed_scale(cfg: Config, dtype: np.dtype | type) -> float | None:
     """The embedding's factor: sqrt(n_embd) rounded to `dtype` (Config.scale_embeddings, Gemma:
     transformers casts it to the weights' dtype), or None (the factor one)."""
     return float(np.dtype(dtype).type(cfg.n_embd ** 0.5)) if cfg.scale_embeddings else None
@@ -486,8 +488,8 @@ class ModelCache(NamedTuple):
     embedding: EmbeddingCache  # h = wte[x]
     cos: np.ndarray  # (S, (d + dkv)/2) the RoPE tables of every layer (`qk_rope_tables`), in
     sin: np.ndarray  # (S, (d + dkv)/2) the parameters' dtype: to recompute a layer
-    layers: list[LayerCache]  # one cache per layer, in forward order
-    layer_inputs: list[np.ndarray]  # (N, d) per layer, kept instead when recomputing
+    layers: list[LayerCache | None]  # one cache per layer, in forward order (None: released)
+    layer_inputs: list[np.ndarray | None]  # (N, d) per layer, kept instead when recomputing
     head: HeadCache
     logits: np.ndarray  # (B, S, V): the loss is computed from them in `backward`
 
@@ -507,7 +509,8 @@ def forward(
 
     h, embedding = embed(params, cfg, x)  # (B, S, d)
     h = h.reshape(B * S, cfg.n_embd)  # (N, d) the residual stream
-    layers, layer_inputs = [], []
+    layers: list[LayerCache | None] = []
+    layer_inputs: list[np.ndarray | None] = []
     for l in range(cfg.n_layer):
         cl, sl = layer_tables(cfg, l, cos, sin)  # (S, (dq + dkv)/2) each
         if recompute:
@@ -519,6 +522,19 @@ def forward(
     logits, head = head_forward(h, params, cfg)  # (N, V)
     logits = logits.reshape(B, S, -1)  # (B, S, V)
     return logits, ModelCache(x, embedding, cos, sin, layers, layer_inputs, head, logits)
+
+
+def _layer_cache(params: dict, cfg: Config, cache: ModelCache, l: int) -> LayerCache:
+    """Layer l's cache: the one forward kept, or (recompute) made again from the layer's input.
+    A cache that an earlier `backward(..., release=True)` gave up holds neither."""
+    kept = cache.layers[l] if cache.layers else cache.layer_inputs[l]
+    if kept is None:
+        raise ValueError("cache was spent by an earlier backward(..., release=True) "
+                         "(loss_and_grads passes it): run forward again for a new one")
+    if isinstance(kept, LayerCache):
+        return kept
+    cl, sl = layer_tables(cfg, l, cache.cos, cache.sin)  # recompute: layer l's forward again
+    return layer_forward(kept, layer_params(params, l), cfg, cl, sl, layer=l)[1]
 
 
 def backward(
@@ -550,12 +566,7 @@ def backward(
     for name in layer_names(cfg):
         grads[name] = empty_like(params[name])  # (L, ...) filled layer by layer
     for l in reversed(range(cfg.n_layer)):
-        if cache.layers:
-            layer = cache.layers[l]
-        else:  # recompute: run layer l's forward again from its input
-            p = layer_params(params, l)
-            cl, sl = layer_tables(cfg, l, cache.cos, cache.sin)
-            _, layer = layer_forward(cache.layer_inputs[l], p, cfg, cl, sl, layer=l)
+        layer = _layer_cache(params, cfg, cache, l)
         dh, grads_l = layer_backward(dh, layer)
         given = release and give_back(layer)  # a full workspace lets it go
         if release:  # nothing reads layer l's cache again

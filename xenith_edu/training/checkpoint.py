@@ -99,7 +99,7 @@ def save_checkpoint(
     moments = not (m is None and v is None)
     if moments and (m is None or v is None):
         raise ValueError("m and v must both be given, or both be None (weights alone)")
-    if moments and (set(params) != set(m) or set(params) != set(v)):
+    if m is not None and v is not None and (set(params) != set(m) or set(params) != set(v)):
         raise ValueError("params, m and v must have the same keys")
     name = type(rng.bit_generator).__name__
     if name not in _BIT_GENERATORS:
@@ -122,12 +122,12 @@ def save_checkpoint(
     if tokenizer_spec is not None:
         meta["tokenizer"] = tokenizer_spec
     arrays["meta"] = np.array(json.dumps(meta))  # a 0-d unicode array: no pickle needed
-    atomic_write(path, lambda f: np.savez(f, **arrays))
+    atomic_write(path, lambda f: np.savez(f, allow_pickle=False, **arrays))
 
 
 def checksum(a: np.ndarray) -> str:
     """The CRC-32 of an array's bytes in C order, as 8 hex digits (what the metadata records)."""
-    return f"{zlib.crc32(memoryview(np.ascontiguousarray(a)).cast('B')):08x}"
+    return f"{zlib.crc32(np.ascontiguousarray(a).data.cast('B')):08x}"
 
 
 def config_mismatch(have: Config, want: Config) -> str:
@@ -181,6 +181,8 @@ def load_checkpoint(path: str | Path, config: Config | None = None, *,
     the weights alone (m and v are then None, as in a file of weights alone).
     """
     path = _path(path)
+    if "params" not in groups or not set(groups) <= set(GROUPS):
+        raise ValueError(f"groups must hold 'params' and only names of {GROUPS}, got {groups!r}")
     arrays, names = _read(path, tuple(groups))
     if "meta" not in arrays:
         raise _bad(path, f"is truncated or is not a xenith-edu checkpoint (no metadata): {_AGAIN}")
@@ -191,9 +193,9 @@ def load_checkpoint(path: str | Path, config: Config | None = None, *,
     if config is not None and config != stored:
         raise _bad(path, f"is from another model config ({config_mismatch(stored, config)}): "
                          "resume with the settings it was trained with, or start a new run")
-    got = {g: {k: arrays[f"{g}/{k}"] for k in param_shapes(stored)} if g in groups and g in held
-           else None for g in GROUPS}
-    return Checkpoint(got["params"], got["m"], got["v"], meta["step"], stored,
+    got = {g: {k: arrays[f"{g}/{k}"] for k in param_shapes(stored)} for g in GROUPS
+           if g in groups and g in held}
+    return Checkpoint(got["params"], got.get("m"), got.get("v"), meta["step"], stored,
                       meta["vocab"], meta["rng_state"], meta["train"], meta.get("tokenizer"))
 
 
@@ -317,8 +319,8 @@ def _check_arrays(path: Path, arrays: dict[str, np.ndarray], names: list[str],
     """The file holds exactly the arrays of `shapes` in each group it `held`; those read have
     those shapes, one float dtype, and finite parameters."""
     expected = {f"{g}/{k}" for g in held for k in shapes}
-    names = set(names) - {"meta"}
-    missing, extra = sorted(expected - names), sorted(names - expected)
+    held_names = set(names) - {"meta"}
+    missing, extra = sorted(expected - held_names), sorted(held_names - expected)
     if missing:
         raise _bad(path, f"lacks arrays {missing[:4]} for its config: the file is damaged or "
                          "from another version")

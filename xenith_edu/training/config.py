@@ -198,8 +198,9 @@ class TrainConfig:
 def _follows_rule(model: Config, name: str) -> bool:
     """Whether the model's `name`, a size that defaults from others, has its default value (not
     when its default is no model: a head width given because n_embd / n_head is odd)."""
+    blank: dict[str, Any] = {name: None}  # a field named at run time: None, its default rule
     try:
-        return getattr(model, name) == getattr(replace(model, **{name: None}), name)
+        return getattr(model, name) == getattr(replace(model, **blank), name)
     except (ValueError, TypeError):
         return False
 

@@ -22,7 +22,7 @@ from .config import TrainConfig
 from .data import get_batch, load_text, prepare_data
 from .finetune import check_init, init_state, load_init, run_config
 from .optim import lr_at, zeros_like_params
-from .processes import batch_shards
+from .processes import ProcessShards, batch_shards
 from .rundir import check_start, locked
 from .runlog import (
     RunLog,
@@ -32,6 +32,7 @@ from .runlog import (
     load_resume,
 )
 from .step import Params, TrainingDiverged, evaluate, train_step
+from .threads import ThreadShards
 
 if TYPE_CHECKING:  # parallel.py imports mpi4py, which a run without MPI never needs
     from .checkpoint import Checkpoint
@@ -84,9 +85,9 @@ def data_and_model(tc: TrainConfig, ckpt: Checkpoint | None, resume: str | Path 
     the checkpoint the run resumes (`ckpt`) or fine-tunes (`base`)."""
     tokenizer, train_ids, val_ids = load_data(tc, ckpt or base, resume or init)
     cfg = run_config(tc, tokenizer.vocab_size, ckpt or base)
-    if ckpt is not None:
+    if ckpt is not None and resume is not None:  # (a checkpoint is read only when resuming)
         check_resume(ckpt, resume, cfg, tc)  # the model, the seed, the steps
-    if base is not None:
+    if base is not None and init is not None:
         check_init(init, base, cfg, tc)
     return tokenizer, train_ids, val_ids, cfg
 
@@ -161,9 +162,13 @@ def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, over
     params, m, v, start, rng = (init_state(base, tc) if base is not None
                                 else initial_state(tc, cfg, ckpt))  # params, optimizer, batches
     windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)
-    workers = ranks or batch_shards(tc.threads, tc.parallel)  # ranks, or processes or threads
-    if ranks is None:  # worker processes read the parameters where the loop updates them
-        params = workers.shared(params)
+    shards: ProcessShards | ThreadShards | None = None
+    if ranks is None:  # processes or threads share each batch
+        shards = batch_shards(tc.threads, tc.parallel)
+        params = shards.shared(params)  # worker processes read them where the loop updates them
+        loss_fn = shards.loss_and_grads
+    else:  # MPI's ranks share it
+        loss_fn = ranks.loss_and_grads
     evaluate_fn = ranks.evaluate if ranks else evaluate
     log = RunLog(out_dir, tc, cfg, tokenizer.vocab, start, resume, progress=progress,
                  verbose=verbose, write=write, tokenizer_spec=getattr(tokenizer, "spec", None))
@@ -182,7 +187,7 @@ def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, over
                 break
             t0 = time.perf_counter()
             x, y = get_batch(train_ids, tc.batch_size, tc.seq_len, rng)  # (B, S) each
-            loss, norm = train_step(params, m, v, step, lr, cfg, tc, x, y, workers.loss_and_grads)
+            loss, norm = train_step(params, m, v, step, lr, cfg, tc, x, y, loss_fn)
             log.train(step, loss, lr, norm, time.perf_counter() - t0,
                       ranks.take_comm_seconds() if ranks else None)
         finished = True
@@ -191,8 +196,8 @@ def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, over
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (the command line raises it as one)
         raise type(e)(log.kept()) from None
     finally:
-        if ranks is None:
-            workers.close()  # the worker processes end with the run
+        if shards is not None:
+            shards.close()  # the worker processes end with the run
         log.close(finished)
     ms, comm_ms = log.ms_per_step()
     return TrainResult(params, cfg, tc, tokenizer, tc.steps, val_loss, train_loss, ms,

@@ -17,7 +17,7 @@ import time
 import traceback
 import zlib
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar, overload
 
 import numpy as np
 
@@ -118,6 +118,11 @@ class DataParallel:
                              f"processes: choose a multiple of {self.size} (--batch-size) or "
                              "another number of processes (mpiexec -n)")
         self._agree(None)
+
+    @overload
+    def _agree(self, error: BaseException) -> tuple[int, int]: ...  # this rank's failure counts
+    @overload
+    def _agree(self, error: None) -> None: ...
 
     def _agree(self, error: BaseException | None) -> tuple[int, int] | None:
         """All ranks say whether their checks failed: None if none did, else the lowest failing
@@ -256,7 +261,7 @@ class DataParallel:
                 self._abort(TimeoutError(f"no progress for {self.timeout:.0f} s: another "
                                          "process has stopped or hangs"), _print_line)
 
-    def _abort(self, e: BaseException, report: Callable[[BaseException], int]) -> None:
+    def _abort(self, e: BaseException, report: Callable[[BaseException], int]) -> NoReturn:
         if not isinstance(e, (ValueError, OSError, MemoryError, KeyboardInterrupt,
                               TimeoutError, RuntimeError)):
             traceback.print_exception(e)  # a bug: its traceback, then the line
@@ -270,6 +275,7 @@ class DataParallel:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 2)  # MPI_Abort's own message would be a second line
         self.comm.Abort(code)
+        raise SystemExit(code)  # (Abort does not return; this rank ends all the same)
 
 
 # The sentinel: a small process that waits for its rank to end. A rank that ends on purpose
@@ -308,6 +314,7 @@ class Sentinel:
         line = (f"xenith-edu train: error: rank {rank} of {size} died (killed, or out of "
                 "memory: see the launcher's message); the last checkpoint in the run folder is "
                 "intact: resume the run with --resume")
+        self.proc: subprocess.Popen[bytes] | None
         try:
             self.proc = subprocess.Popen([sys.executable, "-c", _SENTINEL, line, self.marker],
                                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
@@ -344,7 +351,7 @@ def _unflatten(flat: np.ndarray, like: Any) -> list[np.ndarray]:
 def _checksum(params: Params) -> int:
     crc = 0
     for p in params.values():
-        crc = zlib.crc32(np.ascontiguousarray(p).view(np.uint8).ravel(), crc)
+        crc = zlib.crc32(np.ascontiguousarray(p).view(np.uint8).ravel().data, crc)
     return crc
 
 

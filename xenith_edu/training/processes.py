@@ -30,7 +30,7 @@ import sys
 import tempfile
 import weakref
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import IO, BinaryIO, NamedTuple
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -43,6 +43,8 @@ from .threads import Params, ThreadShards, average_shards, check_count, shard_bo
 
 _ALIGN = 64  # each array starts on a cache line of its own
 _STOP_WAIT = 5.0  # seconds a worker has to end once told to stop; then it is killed
+POSIX = os.name == "posix"  # whether worker processes can be had (pass_fds, unnamed files):
+# this module's own answer, which a test changes without changing os.name for the process
 
 
 class Layout(NamedTuple):
@@ -125,7 +127,7 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
     grads = views(mmap.mmap(g_fd, g_layout.nbytes), g_layout)
     os.close(p_fd)
     os.close(g_fd)
-    cfg = None
+    cfg: Config | None = None
     while True:
         try:
             msg = pickle.load(inp)
@@ -135,7 +137,10 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
             return
         seq, new_cfg, x, y, recompute = msg
         cfg = new_cfg if new_cfg is not None else cfg
+        reply: tuple[int, float | None, Exception | None]
         try:
+            if cfg is None:
+                raise ValueError("a shard's first call must carry the model's config")
             loss, g = loss_and_grads(params, cfg, x, y, recompute=recompute)
             for name, dst in grads.items():
                 np.copyto(dst, g[name])
@@ -156,6 +161,13 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
 
 # -- the caller's side ----------------------------------------------------------------------
 
+def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
+    """One of a worker's pipes, which Popen made (stdin=PIPE, stdout=PIPE: never None)."""
+    if stream is None:
+        raise RuntimeError("a worker process was started without its pipes")
+    return stream
+
+
 class _Worker:
     """One worker process, its pipes, and its gradients' block."""
 
@@ -173,6 +185,7 @@ class _Worker:
             os.close(self.grads.fd)
             raise RuntimeError(f"cannot start a worker process for the shards ({e}); share the "
                                "batch among threads instead (parallel='threads')") from e
+        self.to_it, self.from_it = _pipe(self.proc.stdin), _pipe(self.proc.stdout)
         self.cfg: Config | None = None
         self.seq = 0
         try:
@@ -182,16 +195,16 @@ class _Worker:
             raise
 
     def send(self, msg: object) -> None:
-        pickle.dump(msg, self.proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-        self.proc.stdin.flush()
+        pickle.dump(msg, self.to_it, protocol=pickle.HIGHEST_PROTOCOL)
+        self.to_it.flush()
 
     def receive(self) -> tuple:
-        return pickle.load(self.proc.stdout)
+        return pickle.load(self.from_it)
 
     def close(self) -> None:
         try:
             self.send(None)
-            self.proc.stdin.close()
+            self.to_it.close()
         except (BrokenPipeError, OSError, ValueError):
             pass
         try:
@@ -199,7 +212,7 @@ class _Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self.proc.stdout.close()
+        self.from_it.close()
         os.close(self.grads.fd)
 
 
@@ -221,7 +234,7 @@ class ProcessShards:
 
     def __init__(self, processes: int) -> None:
         self.processes = check_count("processes", processes)
-        if self.processes > 1 and os.name != "posix":  # pass_fds, unnamed files
+        if self.processes > 1 and not POSIX:  # pass_fds, unnamed files
             raise OSError("the shards' worker processes need POSIX (they inherit the memory "
                           "they share as file descriptors): share the batch among threads "
                           "instead (parallel='threads')")
@@ -314,7 +327,7 @@ def batch_shards(count: int, parallel: str = "processes") -> ProcessShards | Thr
     Both give the same numbers, bit for bit."""
     if parallel not in PARALLEL:
         raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
-    if parallel == "processes" and os.name == "posix":
+    if parallel == "processes" and POSIX:
         return ProcessShards(count)
     return ThreadShards(count)
 

@@ -86,7 +86,7 @@ def read_log(path: str | Path, damaged: list[str] | None = None) -> list[dict]:
         if not raw.strip():
             continue
         record, why = _parse(raw)
-        if why is None:
+        if record is not None:  # (why is then None)
             records.append(record)
         elif damaged is not None and n < len(lines):  # the last piece has no newline
             damaged.append(f"line {n}: {why}")
@@ -254,8 +254,9 @@ class RunLog:
 
     def ms_per_step(self) -> tuple[float, float]:
         """The median wall time of one step, and of its communication, in milliseconds."""
-        return tuple(float(np.median(a)) if a else math.nan for a in (self.step_ms,
-                                                                       self.comm_ms))
+        step, comm = (float(np.median(a)) if a else math.nan for a in (self.step_ms,
+                                                                         self.comm_ms))
+        return step, comm
 
 
 def _keep_log_before(path: Path, start: int) -> None:
@@ -264,7 +265,8 @@ def _keep_log_before(path: Path, start: int) -> None:
     The log never blocks a good checkpoint: damaged lines are dropped with a warning, and the
     original log is kept aside as log.jsonl.damaged (or .damaged.2, ...).
     """
-    keep, damaged = [], []
+    keep: list[dict] = []
+    damaged: list[str] = []
     if start > 0 and (path.exists() or path.is_symlink()):
         try:
             keep = [r for r in read_log(path, damaged) if r["step"] < start]

@@ -45,7 +45,7 @@ def _json(path: Path, max_bytes: int) -> object:
         raise ValueError(f"{e}: use an intact Hugging Face folder") from None
 
 
-def _shards(folder: Path) -> dict[Path, set[str] | None]:
+def _shards(folder: Path) -> Mapping[Path, set[str] | None]:
     """Each weights file and the tensor names it holds, from the index when sharded."""
     if (folder / WEIGHTS).is_file():
         return {folder / WEIGHTS: None}
@@ -73,7 +73,7 @@ class Stored(NamedTuple):
     start: int
 
 
-def _headers(folder: Path, shards: dict[Path, set[str] | None]) -> dict[str, Stored]:
+def _headers(folder: Path, shards: Mapping[Path, set[str] | None]) -> dict[str, Stored]:
     """Where every tensor is, from every shard's header: all checked, nothing allocated but
     the headers."""
     entries: dict[str, Stored] = {}
@@ -89,12 +89,13 @@ def _headers(folder: Path, shards: dict[Path, set[str] | None]) -> dict[str, Sto
     return entries
 
 
-class Tensors(Mapping):
+class Tensors(Mapping[str, np.ndarray]):
     """The checkpoint's tensors by name, each read from its shard when it is asked for and not
     kept: converting them takes the memory of the result and one tensor, not twice the model."""
 
     def __init__(self, stored: dict[str, Stored], progress: Progress) -> None:
-        self.stored, self.say, self.read = stored, progress, set()
+        self.stored, self.say = stored, progress
+        self.read: set[str] = set()  # the names asked for so far
 
     def __getitem__(self, name: str) -> np.ndarray:
         where = self.stored[name]

@@ -8,7 +8,9 @@ L layers. A checkpoint's nn.Linear weight is (out, in); ours is (in, out).
 
 from __future__ import annotations
 
-import math
+import sys
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -25,23 +27,28 @@ def _refuse(field: str, value: object, why: str) -> ValueError:
     return ValueError(f"config.json field {field} = {value!r}: {why}; nothing was written")
 
 
-def _number(hf: dict, key: str, kind: type, default: object = None, where: str = "") -> object:
+def _int(hf: dict, key: str, default: int | None = None, where: str = "") -> int:
+    """Field `key` of `hf` (or `default`), a positive int; ValueError naming it otherwise."""
     value = hf.get(key, default)
-    ok = isinstance(value, kind) and not isinstance(value, bool)
-    if kind is float:
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-              and 0 < value < math.inf)
-    elif ok:
-        ok = value > 0
-    if not ok:
-        raise _refuse(where + key, value, f"expected a positive {kind.__name__}")
+    if isinstance(value, bool) or not isinstance(value, int) or not value > 0:
+        raise _refuse(where + key, value, "expected a positive int")
     return value
 
 
-def _rope(hf: dict) -> dict:
+def _float(hf: dict, key: str, default: float | None = None, where: str = "") -> float:
+    """Field `key` of `hf` (or `default`), a positive number that a float holds (an int as
+    written: 8 stays 8); ValueError naming it otherwise."""
+    value = hf.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 < value <= sys.float_info.max:
+        raise _refuse(where + key, value, "expected a positive float")
+    return value
+
+
+def _rope(hf: dict) -> dict[str, Any]:
     """The Config's RoPE fields: rope_theta, at the top (older files) or in rope_scaling /
     rope_parameters (transformers 5), and Llama 3's frequency scaling if the file asks for it."""
-    out = {"rope_theta": float(_number(hf, "rope_theta", float, 10000.0))}
+    out: dict[str, Any] = {"rope_theta": float(_float(hf, "rope_theta", 10000.0))}
     for key in ("rope_scaling", "rope_parameters"):
         rope = hf.get(key)
         if rope is None:
@@ -54,13 +61,13 @@ def _rope(hf: dict) -> dict:
                                      "the linear scaling only, so this checkpoint cannot be "
                                      "represented")
         if "rope_theta" in rope:
-            out["rope_theta"] = float(_number(rope, "rope_theta", float))
+            out["rope_theta"] = float(_float(rope, "rope_theta"))
         if kind == "linear":
-            out.update(rope_scaling="linear", rope_factor=_number(rope, "factor", float, None,
+            out.update(rope_scaling="linear", rope_factor=_float(rope, "factor", None,
                                                                   f"{key}."))
         if kind == "llama3":
-            out.update(rope_scaling="llama3", **{ours: _number(rope, theirs, kind_, None,
-                                                                f"{key}.")
+            out.update(rope_scaling="llama3", **{ours: (_float if kind_ is float else _int)(
+                                                      rope, theirs, None, f"{key}.")
                                                   for theirs, (ours, kind_) in LLAMA3.items()})
     return out
 
@@ -85,7 +92,7 @@ def _nope_layers(hf: dict, n_layer: int) -> tuple[int, ...]:
     by default every no_rope_layer_interval-th layer, as transformers makes them."""
     flags = hf.get("no_rope_layers")
     if flags is None:
-        every = _number(hf, "no_rope_layer_interval", int, 4)
+        every = _int(hf, "no_rope_layer_interval", 4)
         flags = [int((l + 1) % every != 0) for l in range(n_layer)]
     if not isinstance(flags, list) or len(flags) != n_layer or any(
             f not in (0, 1) or isinstance(f, bool) for f in flags):
@@ -93,7 +100,7 @@ def _nope_layers(hf: dict, n_layer: int) -> tuple[int, ...]:
     return tuple(l for l, f in enumerate(flags) if f == 0)
 
 
-def _family(hf: dict, kind: str, n_layer: int) -> dict:
+def _family(hf: dict, kind: str, n_layer: int) -> dict[str, Any]:
     """What the family adds: Qwen2.5's q, k, v biases, Qwen3's QK-norm, Mistral's window; and
     the fields it would need that the book's model has not, refused by name."""
     _flag(hf, "mlp_bias", False, "the book's SwiGLU has no bias terms")
@@ -103,7 +110,7 @@ def _family(hf: dict, kind: str, n_layer: int) -> dict:
           "are not in the book's model: only every layer windowed (mistral) or none")
     window = hf.get("sliding_window") if kind == "mistral" else None
     if window is not None:
-        window = _number(hf, "sliding_window", int)
+        window = _int(hf, "sliding_window")
     layers = hf.get("layer_types")
     want = "sliding_attention" if window is not None else "full_attention"
     if layers is not None and (not isinstance(layers, list) or any(t != want for t in layers)):
@@ -125,8 +132,8 @@ def _gemma_rope(hf: dict) -> dict:
     per_type = hf.get("rope_parameters")
     if not (isinstance(per_type, dict) and set(per_type) & set(GEMMA_THETA)):
         out = _rope({**hf, "rope_theta": hf.get("rope_theta", GEMMA_THETA["full_attention"])})
-        local = _number(hf, "rope_local_base_freq", float, GEMMA_THETA["sliding_attention"])
-        return {**out, "local_rope_theta": float(local)}
+        base = _float(hf, "rope_local_base_freq", GEMMA_THETA["sliding_attention"])
+        return {**out, "local_rope_theta": float(base)}
     if set(per_type) - set(GEMMA_THETA):
         raise _refuse("rope_parameters", sorted(per_type), "expected full_attention and "
                                                            "sliding_attention only")
@@ -138,7 +145,7 @@ def _gemma_rope(hf: dict) -> dict:
         raise _refuse("rope_parameters.sliding_attention.rope_type", local.get("rope_type"),
                       "Gemma 3's windowed layers turn at the plain frequencies")
     out = _rope({"rope_theta": GEMMA_THETA["full_attention"], "rope_parameters": full})
-    theta = _number(local, "rope_theta", float, GEMMA_THETA["sliding_attention"],
+    theta = _float(local, "rope_theta", GEMMA_THETA["sliding_attention"],
                     "rope_parameters.sliding_attention.")
     return {**out, "local_rope_theta": float(theta)}
 
@@ -150,7 +157,7 @@ def _gemma_layers(hf: dict, n_layer: int) -> dict:
     if types is None:
         key = "_sliding_window_pattern" if "_sliding_window_pattern" in hf else \
             "sliding_window_pattern"
-        every = _number(hf, key, int, 6)
+        every = _int(hf, key, 6)
         types = ["sliding_attention" if (l + 1) % every else "full_attention"
                  for l in range(n_layer)]
     if not isinstance(types, list) or len(types) != n_layer or any(
@@ -160,7 +167,7 @@ def _gemma_layers(hf: dict, n_layer: int) -> dict:
     full = tuple(l for l, t in enumerate(types) if t == "full_attention")
     if len(full) == n_layer:
         return {"sliding_window": None, "global_layers": ()}
-    return {"sliding_window": _number(hf, "sliding_window", int, 4096), "global_layers": full}
+    return {"sliding_window": _int(hf, "sliding_window", 4096), "global_layers": full}
 
 
 def _gemma(hf: dict, n_layer: int) -> dict:
@@ -186,7 +193,7 @@ def _gemma(hf: dict, n_layer: int) -> dict:
         rope["local_rope_theta"] = None  # no windowed layer reads it
     return {"activation": GEMMA_ACT[act], "norm_plus_one": True, "post_norms": True,
             "scale_embeddings": True, "qk_norm": True,
-            "query_pre_attn_scalar": _number(hf, "query_pre_attn_scalar", int, 256),
+            "query_pre_attn_scalar": _int(hf, "query_pre_attn_scalar", 256),
             **layers, **rope}
 
 
@@ -196,7 +203,7 @@ TOKEN_FIELDS =  ("pad_token_id", "bos_token_id", "eos_token_id")  # same names i
 def _token_ids(hf: dict, key: str, vocab: int) -> int | tuple[int, ...] | None:
     """A special token's id (eos: one id or several) if it names a row of the table, else None:
     some files say -1 or null, and then the table has no such row."""
-    value = hf.get(key)
+    value: Any = hf.get(key)  # JSON: anything, checked below
     many = isinstance(value, list) and key == "eos_token_id"
     ids = value if many else [value]
     if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
@@ -219,19 +226,19 @@ def config_from_hf(hf: object) -> Config:
         hf = {**GEMMA_TOKENS, **hf}  # what transformers takes when the file says nothing
     elif hf.get("hidden_act", "silu") != "silu":
         raise _refuse("hidden_act", hf.get("hidden_act"), "the book's SwiGLU gates with SiLU")
-    sizes = {ours: _number(hf, key, int) for key, ours in INT_FIELDS.items()}
+    sizes: dict[str, Any] = {ours: _int(hf, key) for key, ours in INT_FIELDS.items()}
     H = sizes["n_head"]
-    hkv = _number(hf, "num_key_value_heads", int, H)
+    hkv = _int(hf, "num_key_value_heads", H)
     if gemma:
         hf = {"head_dim": 256, **hf}  # Gemma 3's default head width, whatever the model's
     head_dim = hf.get("head_dim")
-    if head_dim is not None and _number(hf, "head_dim", int) % 2:
+    if head_dim is not None and _int(hf, "head_dim") % 2:
         raise _refuse("head_dim", head_dim, "RoPE turns pairs: a head's width must be even")
     tie = hf.get("tie_word_embeddings", gemma)
     if not isinstance(tie, bool):
         raise _refuse("tie_word_embeddings", tie, "expected true or false")
-    tokens = {k: _token_ids(hf, k, sizes["vocab_size"]) for k in TOKEN_FIELDS}
-    eps = float(_number(hf, "rms_norm_eps", float, 1e-6))
+    tokens: dict[str, Any] = {k: _token_ids(hf, k, sizes["vocab_size"]) for k in TOKEN_FIELDS}
+    eps = float(_float(hf, "rms_norm_eps", 1e-6))
     if gemma:  # its errors name its fields
         rope, family = {}, _gemma(hf, sizes["n_layer"])
     else:
@@ -356,7 +363,8 @@ def pair_rows(n_heads: int, hd: int) -> np.ndarray:
 
 def hf_names(cfg: Config) -> dict[str, tuple[str, int | None]]:
     """Each checkpoint tensor name -> (our parameter, layer or None)."""
-    names = {"model.embed_tokens.weight": ("wte", None), "model.norm.weight": ("rms_final", None)}
+    names: dict[str, tuple[str, int | None]] = {"model.embed_tokens.weight": ("wte", None),
+                                                "model.norm.weight": ("rms_final", None)}
     if not cfg.tie_embeddings:
         names["lm_head.weight"] = ("lm_head", None)
     per_layer = {"input_layernorm": "rms_attn", "post_attention_layernorm": "rms_ffn",
@@ -367,7 +375,7 @@ def hf_names(cfg: Config) -> dict[str, tuple[str, int | None]]:
         per_layer.update({"post_attention_layernorm": "rms_attn_post",
                           "pre_feedforward_layernorm": "rms_ffn",
                           "post_feedforward_layernorm": "rms_ffn_post"})
-    extra = {}
+    extra: dict[str, str] = {}
     if cfg.qkv_bias:
         extra.update({"self_attn.q_proj.bias": "bq", "self_attn.k_proj.bias": "bk",
                       "self_attn.v_proj.bias": "bv"})
@@ -383,7 +391,7 @@ def hf_names(cfg: Config) -> dict[str, tuple[str, int | None]]:
 
 def _pairs(name: str, cfg: Config) -> np.ndarray | None:
     """The rows of a q or k tensor (weight, bias or per-head gain) in our pairing, else None."""
-    heads = {"wq": cfg.n_head, "bq": cfg.n_head, "wk": cfg.n_kv_head, "bk": cfg.n_kv_head,
+    heads = {"wq": cfg.n_head, "bq": cfg.n_head, "wk": cfg.kv_heads, "bk": cfg.kv_heads,
              "q_norm": 1, "k_norm": 1}.get(name)
     return None if heads is None else pair_rows(heads, cfg.head_dim)
 
@@ -396,12 +404,12 @@ def _to_ours(name: str, w: np.ndarray, cfg: Config) -> np.ndarray:
     return w.T if w.ndim == 2 and name not in ("wte", "lm_head") else w
 
 
-def params_from_hf(tensors: dict[str, np.ndarray], cfg: Config,
+def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: Config,
                    dtype: type = np.float32) -> dict[str, np.ndarray]:
     """Our parameters from a checkpoint's tensors; ValueError naming a missing, misshapen or
     unexpected tensor. A tied checkpoint may also store lm_head.weight: it must equal wte."""
     shapes, names = param_shapes(cfg), hf_names(cfg)
-    params = {k: np.empty(s, dtype=dtype) for k, s in shapes.items()}
+    params: dict[str, np.ndarray] = {k: np.empty(s, dtype=dtype) for k, s in shapes.items()}
     missing = sorted(set(names) - set(tensors))
     if missing:
         raise ValueError(f"the checkpoint lacks tensor '{missing[0]}' (and {len(missing) - 1} "
