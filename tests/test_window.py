@@ -26,13 +26,12 @@ from xenith_edu.model.check import check_model
 from xenith_edu.model.config import window_of
 from xenith_edu.model.generate import _feed, _prepare, cache_positions, empty_kv_cache, generate
 from xenith_edu.model.params import random_params
+from xenith_edu.model.positions import layer_tables, qk_rope_tables
 from xenith_edu.model.transformer import (
     forward,
     head_forward,
     layer_forward,
     layer_params,
-    layer_tables,
-    qk_rope_tables,
 )
 from xenith_edu.tools.gradcheck import check_gradient
 

@@ -9,6 +9,7 @@ from .check import check_model
 from .checks import check_params, check_targets, check_tokens
 from .config import Config, default_ffn_hidden
 from .params import LAYER_PARAMS, PARAM, PARAMS, init_params, param_shapes, random_params
+from .positions import qk_rope_tables
 from .tokenizer import BPETokenizer, CharTokenizer, tokenizer_of
 from .transformer import (
     AttentionBlockCache,
@@ -28,7 +29,6 @@ from .transformer import (
     layer_params,
     loss_and_grads,
     merge_heads,
-    qk_rope_tables,
     split_heads,
     swiglu_block_backward,
     swiglu_block_forward,

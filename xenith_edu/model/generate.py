@@ -20,6 +20,7 @@ from numpy.typing import DTypeLike
 from ..swiglu import stacked_gate_up
 from .checks import check_params, check_tokens
 from .config import Config, window_of
+from .positions import layer_tables, qk_rope_tables
 from .tokenizer import CharTokenizer
 from .transformer import (
     PastKV,
@@ -28,8 +29,6 @@ from .transformer import (
     head_forward,
     layer_forward,
     layer_params,
-    layer_tables,
-    qk_rope_tables,
 )
 
 # Shape legend: T new positions fed at once (the prompt, then 1), P = pos + T positions seen,

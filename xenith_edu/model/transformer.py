@@ -33,7 +33,6 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
-from numpy.typing import DTypeLike
 
 from ..attention import AttentionCache, causal_attention_backward, causal_attention_forward
 from ..bias import BiasCache, bias_backward, bias_forward
@@ -43,21 +42,21 @@ from ..geglu import GeGLUCache, geglu_backward, geglu_forward
 from ..linear import LinearCache, linear_backward, linear_forward
 from ..qk_norm import QKNormCache, qk_norm_backward, qk_norm_forward
 from ..rmsnorm import RMSNormCache, rmsnorm_backward, rmsnorm_forward
-from ..rope import RopeCache, rope_backward, rope_forward, rope_tables
-from ..rope_scaling import LinearScaling, Llama3Scaling
+from ..rope import RopeCache, rope_backward, rope_forward
 from ..softmax_ce import softmax_cross_entropy
 from ..swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
 from ..tools.workspace import empty, empty_like, give_back, return_freed
 from .checks import check_params, check_targets, check_tokens
 from .config import Config, window_of
 from .params import PARAM, layer_names, param_shapes
+from .positions import layer_tables, qk_rope_tables
 
 __all__ = [
     "AttentionBlockCache", "HeadCache", "LayerCache", "ModelCache", "PastKV",
     "SwiGLUBlockCache", "attention_block_backward", "attention_block_forward", "backward",
     "embed", "embed_scale", "forward", "head_backward", "head_forward", "layer_backward",
-    "layer_forward", "layer_params", "layer_tables", "layer_window",
-    "loss_and_grads", "merge_heads", "qk_rope_tables", "split_heads",
+    "layer_forward", "layer_params", "layer_window",
+    "loss_and_grads", "merge_heads", "split_heads",
     "swiglu_block_backward", "swiglu_block_forward",
 ]
 
@@ -78,55 +77,6 @@ def merge_heads(u: np.ndarray) -> np.ndarray:
     out = empty((B, S, H, hd), u.dtype)
     np.copyto(out, u.transpose(0, 2, 1, 3))
     return out.reshape(B * S, H * hd)
-
-
-def rope_scaling(cfg: Config) -> Llama3Scaling | LinearScaling | None:
-    """The frequency rule of `cfg`'s RoPE: Llama 3's scaling, the linear one, or None."""
-    if cfg.rope_scaling == "none":
-        return None
-    if cfg.rope_scaling == "linear":
-        return LinearScaling(cfg.rope_factor)
-    return Llama3Scaling(cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
-                         cfg.rope_original_context)
-
-
-def qk_rope_tables(cfg: Config, seq_len: int, dtype: DTypeLike) -> tuple[np.ndarray, np.ndarray]:
-    """The RoPE tables as the attention block takes them: (seq_len, (dq + dkv)/2) each, `dtype`.
-
-    `rope_tables`' (seq_len, hd/2) repeated for the H + Hkv heads that sit side by side in a row
-    of the q and k columns, so that one pass over the rows rotates every head: pair j of a row
-    gets the angle of pair j mod hd/2. (Rotating head by head, over (B, H + Hkv, S, hd) views,
-    gives the same numbers in loops of hd/2 pairs: 2.5 times slower.) Made once per forward
-    pass and shared by every layer. With Config.local_rope_theta (Gemma 3) the windowed layers'
-    tables, plain RoPE at that base, sit beside them: (seq_len, dq + dkv) each, and
-    `layer_tables` takes a layer's half.
-    """
-    cos, sin = rope_tables(seq_len, cfg.head_dim, cfg.rope_theta,
-                           rope_scaling(cfg))  # (seq_len, hd/2) float64
-    heads = cfg.n_head + cfg.kv_heads
-    cos, sin = np.tile(cos.astype(dtype), heads), np.tile(sin.astype(dtype), heads)
-    if cfg.local_rope_theta is None:
-        return cos, sin  # (seq_len, (dq + dkv)/2) each
-    lcos, lsin = rope_tables(seq_len, cfg.head_dim, cfg.local_rope_theta)  # (seq_len, hd/2)
-    return (np.concatenate((cos, np.tile(lcos.astype(dtype), heads)), axis=1),
-            np.concatenate((sin, np.tile(lsin.astype(dtype), heads)), axis=1))  # (seq_len,
-    # dq + dkv) each: the global tables, then the local ones
-
-
-def layer_tables(cfg: Config, l: int, cos: np.ndarray, sin: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Layer l's RoPE tables from `qk_rope_tables`' (S, ...): the global or, for a windowed
-    layer of a model with Config.local_rope_theta, the local half (S, (dq + dkv)/2); for a
-    layer without RoPE (Config.nope_layers) the angle 0 (cos 1, sin 0): a rotation by 0 leaves
-    q and k exactly as they are, and its backward, the rotation back by 0, leaves dq and dk.
-    Only the tables change."""
-    if cfg.local_rope_theta is not None:
-        w = cos.shape[1] // 2
-        half = slice(0, w) if l in cfg.global_layers else slice(w, None)
-        cos, sin = cos[:, half], sin[:, half]  # (S, (dq + dkv)/2) views
-    if l not in cfg.nope_layers:
-        return cos, sin
-    return np.ones_like(cos), np.zeros_like(sin)
 
 
 @functools.lru_cache(maxsize=256)
