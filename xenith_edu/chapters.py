@@ -66,8 +66,10 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("torch", "Your backward inside PyTorch", (),
             "our backward as autograd Functions, checked against PyTorch's own gradients",
             going_further=True),
-    Chapter("llama", "A real LLaMA", ("model.hf", "training.finetune"),
-            "grouped-query attention's backward, Hugging Face checkpoints, fine-tuning them",
+    Chapter("llama", "A real LLaMA", ("model.hf", "training.finetune", "qk_norm", "bias",
+                                      "rope_scaling", "geglu"),
+            "grouped-query attention's backward, Hugging Face checkpoints, fine-tuning them; the "
+            "open models' pieces (QK-norm, biases, Llama 3's RoPE, windows, GeGLU)",
             going_further=True),
 )
 
