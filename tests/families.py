@@ -177,6 +177,8 @@ def reduced(published: dict, layers: int = 2, vocab: int | None = None) -> dict:
 def tiny_model(hf: dict, seed: int = 0, scale: float = 0.02, dtype=torch.float32):
     """A random model of config.json `hf` (transformers' AutoConfig reads it as the file)."""
     torch.manual_seed(seed)
+    hf = json.loads(json.dumps(hf))  # a copy all the way down: transformers changes the nested
+    # rope_scaling it is given, and the published files are shared by every test
     cfg = transformers.AutoConfig.for_model(**hf)
     cfg._attn_implementation = "eager"
     m = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype)

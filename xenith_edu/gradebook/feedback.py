@@ -14,6 +14,7 @@ from typing import NamedTuple
 from ..grader.names import escape_controls, file_stems
 from ..grader.statuses import Row
 from .outfiles import make_folder, write_text
+from .overrides import MARK
 
 # The page asks for nothing: no script, no image, no font, no style sheet from anywhere.
 CSP = "default-src 'none'; style-src 'unsafe-inline'"
@@ -95,7 +96,9 @@ def _points(r: dict) -> str:
 def _result(r: dict) -> list[str]:
     w, cls = words(r["status"]), tone(r["points"], r["max_points"])
     said = f"<p>{_e(w.meaning)}</p>"
-    if w.details and r["message"]:
+    if r["message"].startswith(MARK):  # the teacher's points win: their comment is shown
+        said += f"<p>Your teacher set these points:</p><pre>{_e(r['message'])}</pre>"
+    elif w.details and r["message"]:
         said += f"<pre>{_e(r['message'])}</pre>"
     return [f"<tr><td>{_e(r['notebook'])}</td><td>{_e(r['exercise'])}</td>",
             f'<td class="{cls}">{_e(w.result)}</td><td class="{cls}">{_e(_points(r))}</td>',
