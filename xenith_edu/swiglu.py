@@ -23,14 +23,15 @@ class SwiGLUCache(NamedTuple):
     """What `swiglu_backward` needs: each product's input and weight, and the gate's pieces
     (h3, sig2, gate), to differentiate silu(h1) * h3 without computing another tanh."""
 
-    x: np.ndarray  # (N, d) the input, flattened: for [2 dw1, dw3] = x.T @ [du, dh3]
+    x: np.ndarray | None  # (N, d) the input, flattened: for [2 dw1, dw3] = x.T @ [du, dh3]
+    # (None, and ha None, when the weights are frozen: LoRA; no weight gradient is made)
     x_shape: tuple[int, ...]  # the input's shape (..., d), to give dx the same
     w13: np.ndarray  # (2, d, f) [w1 / 2, w3] stacked (see swiglu_forward): for dx
     w2: np.ndarray  # (f, d) the down projection: for dha = dout @ w2.T
     h3: np.ndarray  # (N, f) the up projection x @ w3: for dh1
     sig2: np.ndarray  # (N, f) 2 sigmoid(h1) = 1 + tanh(h1 / 2): for silu'(h1)
     gate: np.ndarray  # (N, f) silu(h1): for dh3 and silu'(h1)
-    ha: np.ndarray  # (N, f) the gated hidden silu(h1) * h3, input of w2: for dw2
+    ha: np.ndarray | None  # (N, f) the gated hidden silu(h1) * h3, input of w2: for dw2
 
 
 def sigmoid(z: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -102,13 +103,14 @@ def swiglu_forward(
 
 def swiglu_backward(
     dout: np.ndarray, cache: SwiGLUCache
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients `(dx, dw1, dw3, dw2)` of SwiGLU given `dout` (..., d). See the SwiGLU chapter."""
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """Gradients `(dx, dw1, dw3, dw2)` of SwiGLU given `dout` (..., d). See the SwiGLU chapter.
+    The weights' are None when the cache holds no input (frozen weights)."""
     x2, x_shape, w13, w2, h3, sig2, gate, ha = cache
-    (N, f), d, dtype = h3.shape, x2.shape[1], dout.dtype
+    (N, f), d, dtype = h3.shape, w2.shape[1], dout.dtype
     dout2 = dout.reshape(-1, d)  # (N, d)
     # out = ha @ w2
-    dw2 = np.matmul(ha.T, dout2, out=empty((f, d), dtype))  # (f, d)
+    dw2 = None if ha is None else np.matmul(ha.T, dout2, out=empty((f, d), dtype))  # (f, d)
     dh13 = empty((2, N, f), dtype)  # (2, N, f) = [du, dh3], stacked as h13 is
     du, dh3 = dh13  # (N, f) each, contiguous
     dha = np.matmul(dout2, w2.T, out=dh3)  # (N, f), in dh3's block: dh3 is made from it in place
@@ -123,6 +125,8 @@ def swiglu_backward(
     # h13 = x @ [w1 / 2, w3]: x fans out to both projections, so dx sums both paths.
     dx13 = np.matmul(dh13, w13.transpose(0, 2, 1), out=empty((2, N, d), dtype))  # (2, N, d)
     dx = np.add(dx13[0], dx13[1], out=empty((N, d), dtype))  # (N, d) = du @ w1.T / 2 + dh3 @ w3.T
+    if x2 is None:  # frozen weights: no dw1, dw3
+        return dx.reshape(x_shape), None, None, dw2
     dw13 = np.matmul(x2.T, dh13, out=empty((2, d, f), dtype))  # (2, d, f) = [dw1 * 2, dw3]
     dw13[0] *= 0.5  # u = x @ (w1 / 2): dw1 = (x.T @ du) / 2
     return dx.reshape(x_shape), dw13[0], dw13[1], dw2

@@ -31,6 +31,7 @@ from ..bias import BiasCache, bias_backward, bias_forward
 from ..embedding import EmbeddingCache, embedding_backward, embedding_forward
 from ..flash_attention import FlashCache, flash_attention_backward, flash_attention_forward
 from ..linear import LinearCache, linear_backward, linear_forward
+from ..lora import LoraCache, lora_backward, lora_forward
 from ..qk_norm import QKNormCache, qk_norm_backward, qk_norm_forward
 from ..rmsnorm import RMSNormCache, rmsnorm_backward, rmsnorm_forward
 from ..rope import RopeCache, rope_backward, rope_forward, rope_tables
@@ -38,6 +39,7 @@ from ..rope_scaling import Llama3Scaling
 from ..softmax_ce import softmax_cross_entropy
 from ..swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
 from ..tools.workspace import empty, empty_like
+from .adapters import Adapters, LayerLora, adapter_shapes, check_adapters, layer_lora
 from .checks import check_params, check_targets, check_tokens
 from .config import Config
 from .params import PARAM, layer_names, param_shapes
@@ -122,6 +124,8 @@ class AttentionBlockCache(NamedTuple):
     attention: AttentionCache | FlashCache  # a = attention(q, k, v): rotated q, k, v and the
     # weights (B, H, S, S), or with flash attention the output and its log-sum-exp (B, H, S)
     out: LinearCache  # out = merge_heads(a) @ wo: both factors
+    lora: dict[str, LoraCache] | None = None  # each adapter's cache by target (q, k, v, o);
+    # None without adapters. With them the base is frozen: no weight gradient is made
 
 
 class QKNormPair(NamedTuple):
@@ -170,7 +174,7 @@ def _normed_qk(qk: np.ndarray, p: dict, cfg: Config) -> tuple[np.ndarray, QKNorm
 
 def attention_block_forward(
     h: np.ndarray, p: dict, cfg: Config, cos: np.ndarray, sin: np.ndarray,
-    past: PastKV | None = None,
+    past: PastKV | None = None, lora: LayerLora | None = None,
 ) -> tuple[np.ndarray, AttentionBlockCache]:
     """The attention branch of one layer: merge_heads(attention(rope(q), rope(k), v)) @ wo,
     with q, k, v the products of rmsnorm(h, rms_attn) with wq, wk and wv (plus their biases,
@@ -180,13 +184,17 @@ def attention_block_forward(
     the RoPE tables of the S positions as `qk_rope_tables` repeats them for the H + Hkv heads of
     q and k, (S, (dq + dkv)/2) each. Query head j reads key/value head j // (H // Hkv). With
     `past` (decoding), the S positions come after `past.pos` earlier ones whose keys and values
-    `past` holds. Returns `(out, cache)`, out (N, d).
+    `past` holds. With `lora` (the layer's adapters) the block's weights are frozen and the
+    adapters add their outputs to their projections'. Returns `(out, cache)`, out (N, d).
     """
     S, H, Hkv, dq, dkv = cos.shape[0], cfg.n_head, cfg.n_kv_head, cfg.q_dim, cfg.kv_dim
     B, w = h.shape[0] // S, dq + 2 * dkv
     xb, norm = rmsnorm_forward(h, p["rms_attn"], cfg.norm_eps)  # (N, d)
     # q, k, v = xb @ wq (+ bq), xb @ wk (+ bk), xb @ wv (+ bv), as one product
     qkv, qkv_cache, bias = _qkv(xb, p, cfg)  # (N, dq + 2dkv)
+    adapted = None if lora is None else _adapt_qkv(qkv, xb, lora, cfg)  # q, k, v += x A.T B.T
+    if adapted is not None:  # the frozen product: no dW, so its input need not be kept
+        qkv_cache = LinearCache(None, qkv_cache.w)
     qk, qk_norm = _normed_qk(qkv.reshape(B, S, w)[:, :, : dq + dkv], p, cfg)  # (B, S, dq + dkv)
     # q, k = rope(q), rope(k), all heads in one pass over the rows as the product left them:
     # a row's q and k columns are H + Hkv heads side by side, and the repeated tables give pair
@@ -203,8 +211,32 @@ def attention_block_forward(
         a, attention = flash_attention_forward(q, k, v, cfg.flash_block)  # (B, H, S, hd)
     else:  # (decoding's weights are (S, P), one row per new position: the plain form)
         a, attention = causal_attention_forward(q, k, v, cfg.sliding_window)  # (B, H, S, hd)
-    out, out_cache = linear_forward(merge_heads(a), p["wo"])  # (N, d)
-    return out, AttentionBlockCache(norm, qkv_cache, bias, qk_norm, rope, attention, out_cache)
+    am = merge_heads(a)  # (N, dq)
+    out, out_cache = linear_forward(am, p["wo"])  # (N, d)
+    if adapted is not None:
+        out_cache = LinearCache(None, out_cache.w)  # frozen wo
+        if "o" in lora.A:  # out += scale * (am @ A.T) @ B.T
+            delta, adapted["o"] = lora_forward(am, lora.A["o"], lora.B["o"], lora.scale)
+            out += delta
+    return out, AttentionBlockCache(norm, qkv_cache, bias, qk_norm, rope, attention, out_cache,
+                                    adapted)
+
+
+def _qkv_columns(dq: int, dkv: int) -> dict[str, slice]:
+    """The columns of q, k and v in the fused product [q | k | v] (N, dq + 2dkv)."""
+    return {"q": slice(0, dq), "k": slice(dq, dq + dkv), "v": slice(dq + dkv, dq + 2 * dkv)}
+
+
+def _adapt_qkv(qkv: np.ndarray, xb: np.ndarray, lora: LayerLora, cfg: Config
+               ) -> dict[str, LoraCache]:
+    """Each adapter of q, k, v added, in place, to its columns of qkv (N, dq + 2dkv): the frozen
+    product's output plus scale * (xb @ A.T) @ B.T. Returns their caches by target."""
+    caches = {}
+    for t, cols in _qkv_columns(cfg.q_dim, cfg.kv_dim).items():
+        if t in lora.A:
+            delta, caches[t] = lora_forward(xb, lora.A[t], lora.B[t], lora.scale)  # (N, m)
+            qkv[:, cols] += delta
+    return caches
 
 
 def _qk_grads(dqk: np.ndarray, cache: AttentionBlockCache, grads: dict) -> None:
@@ -227,7 +259,10 @@ def attention_block_backward(
     dq, dkv = H * hd, Hkv * hd
     grads: dict[str, np.ndarray] = {}
     # out = merge_heads(a) @ wo
-    dam, dwo = linear_backward(dout, cache.out)  # (N, dq), (dq, d)
+    dam, dwo = linear_backward(dout, cache.out)  # (N, dq), (dq, d) (None when frozen)
+    if cache.lora and "o" in cache.lora:  # out += the adapter of wo: its dx adds to dam
+        dx, grads["lora_A.o"], grads["lora_B.o"] = lora_backward(dout, cache.lora["o"])
+        dam += dx
     da = split_heads(dam, B, S, H)  # (B, H, S, hd)
     # a = attention(q, k, v): dk and dv (B, Hkv, S, hd) sum the gradients of the query heads
     # that read each key/value head
@@ -253,10 +288,25 @@ def attention_block_backward(
         grads["bq"], grads["bk"], grads["bv"] = db[:dq], db[dq : dq + dkv], db[dq + dkv :]
     # qkv = xb @ [wq | wk | wv]: xb fans out to q, k and v, so dxb sums the three paths.
     dxb, dwqkv = linear_backward(dqkv, cache.qkv)  # (N, d), (d, dq + 2dkv)
+    if cache.lora is not None:  # frozen: the adapters' gradients alone; their dx add to dxb
+        _lora_qkv_grads(dqkv, dxb, cache.lora, grads, dq, dkv)
+        dh, _ = rmsnorm_backward(dxb, cache.norm)  # (N, d)
+        return dh, grads
     dwq, dwk, dwv = dwqkv[:, :dq], dwqkv[:, dq : dq + dkv], dwqkv[:, dq + dkv :]  # views
     # xb = rmsnorm(h, rms_attn)
     dh, drms = rmsnorm_backward(dxb, cache.norm)  # (N, d), (d,)
     return dh, {"rms_attn": drms, "wq": dwq, "wk": dwk, "wv": dwv, **grads, "wo": dwo}
+
+
+def _lora_qkv_grads(dqkv: np.ndarray, dxb: np.ndarray, caches: dict[str, LoraCache],
+                    grads: dict, dq: int, dkv: int) -> None:
+    """The adapters of q, k, v in reverse: each reads its columns of dqkv (N, dq + 2dkv); their
+    dA, dB go into grads, their dx add (in place) to dxb (N, d): xb fans out to them too."""
+    for t, cols in _qkv_columns(dq, dkv).items():
+        if t in caches:
+            dx, grads[f"lora_A.{t}"], grads[f"lora_B.{t}"] = lora_backward(dqkv[:, cols],
+                                                                           caches[t])
+            dxb += dx
 
 
 # -- the SwiGLU block: h + swiglu_block(h) --------------------------------------------------
@@ -269,15 +319,19 @@ class SwiGLUBlockCache(NamedTuple):
 
 
 def swiglu_block_forward(
-    h: np.ndarray, p: dict, cfg: Config
+    h: np.ndarray, p: dict, cfg: Config, frozen: bool = False
 ) -> tuple[np.ndarray, SwiGLUBlockCache]:
     """The feed-forward branch of one layer: swiglu(rmsnorm(h, rms_ffn), w1, w3, w2).
 
     h is the stream (N, d), p the layer's parameters. Returns `(out, cache)`, out (N, d).
+    `frozen` (LoRA): no weight gradient will be asked for, so the cache keeps no input of a
+    weight's product.
     """
     x2b, norm = rmsnorm_forward(h, p["rms_ffn"], cfg.norm_eps)  # (N, d)
     out, swiglu = swiglu_forward(x2b, p["w1"], p["w3"], p["w2"], p.get("w13"))  # (N, d); w13:
     # [w1 / 2, w3] when the caller stacked it once (decoding)
+    if frozen:
+        swiglu = swiglu._replace(x=None, ha=None)
     return out, SwiGLUBlockCache(norm, swiglu)
 
 
@@ -303,14 +357,15 @@ class LayerCache(NamedTuple):
 
 def layer_forward(
     h: np.ndarray, p: dict, cfg: Config, cos: np.ndarray, sin: np.ndarray,
-    past: PastKV | None = None,
+    past: PastKV | None = None, lora: LayerLora | None = None,
 ) -> tuple[np.ndarray, LayerCache]:
     """One layer on the stream h (N, d): each block reads it and adds its output back.
 
-    cos, sin (S, (d + dkv)/2) and `past` (decoding) as `attention_block_forward` takes them."""
-    out, attn = attention_block_forward(h, p, cfg, cos, sin, past)  # (N, d)
+    cos, sin (S, (d + dkv)/2), `past` (decoding) and `lora` (adapters, the layer's weights
+    frozen) as `attention_block_forward` takes them."""
+    out, attn = attention_block_forward(h, p, cfg, cos, sin, past, lora)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection h + out (out is ours: its memory is reused)
-    out, ffn = swiglu_block_forward(h, p, cfg)  # (N, d)
+    out, ffn = swiglu_block_forward(h, p, cfg, lora is not None)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection
     return h, LayerCache(attn, ffn)
 
@@ -335,18 +390,21 @@ class HeadCache(NamedTuple):
     """What `head_backward` needs."""
 
     norm: RMSNormCache  # xf = rmsnorm(h, rms_final)
-    xf: np.ndarray  # (N, d) the input of the output projection: for dw_out = dlogits.T @ xf
+    xf: np.ndarray | None  # (N, d) the input of the output projection: for dw_out =
+    # dlogits.T @ xf (None when the weights are frozen, LoRA: no dw_out is made)
     w_out: np.ndarray  # (V, d) the output projection (wte when tied): for dxf = dlogits @ w_out
     w_out_name: str  # "wte" when the embeddings are tied, else "lm_head": whose gradient it is
 
 
-def head_forward(h: np.ndarray, params: dict, cfg: Config) -> tuple[np.ndarray, HeadCache]:
-    """The top of the model on the stream h (N, d): logits (N, V) = rmsnorm(h) @ w_out.T."""
+def head_forward(h: np.ndarray, params: dict, cfg: Config, frozen: bool = False
+                 ) -> tuple[np.ndarray, HeadCache]:
+    """The top of the model on the stream h (N, d): logits (N, V) = rmsnorm(h) @ w_out.T.
+    `frozen`: no gradient of the output projection will be asked for (LoRA)."""
     xf, norm = rmsnorm_forward(h, params["rms_final"], cfg.norm_eps)  # (N, d)
     name = "wte" if cfg.tie_embeddings else "lm_head"
     w_out = params[name]  # (V, d)
     logits = np.matmul(xf, w_out.T, out=empty((xf.shape[0], w_out.shape[0]), xf.dtype))  # (N, V)
-    return logits, HeadCache(norm, xf, w_out, name)
+    return logits, HeadCache(norm, None if frozen else xf, w_out, name)
 
 
 def head_backward(
@@ -355,10 +413,13 @@ def head_backward(
     """The head in reverse: `(dh, grads)` given dlogits (N, V); grads holds rms_final and the
     output projection's gradient (V, d), under "wte" when tied, else under "lm_head"."""
     # logits = xf @ w_out.T: rules 1 and 2 of the notation page, with w_out transposed
-    dw_out = np.matmul(dlogits.T, cache.xf, out=empty_like(cache.w_out))  # (V, d)
-    dxf = np.matmul(dlogits, cache.w_out, out=empty_like(cache.xf))  # (N, d)
+    dxf = np.matmul(dlogits, cache.w_out, out=empty((dlogits.shape[0], cache.w_out.shape[1]),
+                                                    dlogits.dtype))  # (N, d)
     # xf = rmsnorm(h, rms_final)
     dh, drms = rmsnorm_backward(dxf, cache.norm)  # (N, d), (d,)
+    if cache.xf is None:  # frozen: no (V, d) gradient
+        return dh, {}
+    dw_out = np.matmul(dlogits.T, cache.xf, out=empty_like(cache.w_out))  # (V, d)
     return dh, {"rms_final": drms, cache.w_out_name: dw_out}
 
 
@@ -379,17 +440,22 @@ class ModelCache(NamedTuple):
     layer_inputs: list[np.ndarray]  # (N, d) per layer, kept instead when recomputing
     head: HeadCache
     logits: np.ndarray  # (B, S, V): the loss is computed from them in `backward`
+    adapters: Adapters | None = None  # LoRA: the base frozen, gradients of the adapters alone
 
 
 def forward(
-    params: dict, cfg: Config, x: np.ndarray, recompute: bool = False
+    params: dict, cfg: Config, x: np.ndarray, recompute: bool = False,
+    adapters: Adapters | None = None,
 ) -> tuple[np.ndarray, ModelCache]:
     """Logits (B, S, V) for tokens `x` (B, S), and the cache that `backward` needs.
 
     With `recompute=True` the cache keeps only each layer's input (see `ModelCache`). See the
-    whole backward pass chapter.
+    whole backward pass chapter. `adapters` (LoRA, `model.adapters`): added to their
+    projections, the base frozen: the cache keeps nothing that only a base gradient needs.
     """
     dtype = check_params(params, cfg)
+    if adapters is not None:
+        check_adapters(adapters, cfg, dtype)
     x = check_tokens("x", x, cfg)
     B, S = x.shape
     cos, sin = qk_rope_tables(cfg, S, dtype)  # (S, (d + dkv)/2) each, shared by the layers
@@ -399,15 +465,17 @@ def forward(
     layers, layer_inputs = [], []
     for l in range(cfg.n_layer):
         cl, sl = layer_tables(cfg, l, cos, sin)  # (S, (dq + dkv)/2) each
+        lora = None if adapters is None else layer_lora(adapters, l)
         if recompute:
             layer_inputs.append(h)
-            h, _ = layer_forward(h, layer_params(params, l), cfg, cl, sl)
+            h, _ = layer_forward(h, layer_params(params, l), cfg, cl, sl, None, lora)
         else:
-            h, layer = layer_forward(h, layer_params(params, l), cfg, cl, sl)
+            h, layer = layer_forward(h, layer_params(params, l), cfg, cl, sl, None, lora)
             layers.append(layer)
-    logits, head = head_forward(h, params, cfg)  # (N, V)
+    logits, head = head_forward(h, params, cfg, adapters is not None)  # (N, V)
     logits = logits.reshape(B, S, -1)  # (B, S, V)
-    return logits, ModelCache(x, embedding, cos, sin, layers, layer_inputs, head, logits)
+    return logits, ModelCache(x, embedding, cos, sin, layers, layer_inputs, head, logits,
+                              adapters)
 
 
 def backward(
@@ -435,23 +503,29 @@ def backward(
     loss, dlogits = softmax_cross_entropy(cache.logits, y, cfg.pad_token_id)  # (B, S, V)
     dh, grads = head_backward(dlogits.reshape(B * S, -1), cache.head)  # (N, d)
     del dlogits  # (B, S, V), read by nothing below: its memory can serve the layers' gradients
-    for name in layer_names(cfg):
-        grads[name] = empty_like(params[name])  # (L, ...) filled layer by layer
+    ad = cache.adapters
+    stacks = layer_names(cfg) if ad is None else tuple(adapter_shapes(cfg, ad.spec))
+    for name in stacks:  # (L, ...) filled layer by layer: the base's, or the adapters' alone
+        grads[name] = np.empty_like(ad.weights[name]) if ad else empty_like(params[name])
     for l in reversed(range(cfg.n_layer)):
         if cache.layers:
             layer = cache.layers[l]
         else:  # recompute: run layer l's forward again from its input
             p = layer_params(params, l)
             cl, sl = layer_tables(cfg, l, cache.cos, cache.sin)
-            _, layer = layer_forward(cache.layer_inputs[l], p, cfg, cl, sl)
+            lora = None if ad is None else layer_lora(ad, l)
+            _, layer = layer_forward(cache.layer_inputs[l], p, cfg, cl, sl, None, lora)
         dh, grads_l = layer_backward(dh, layer)
         del layer
         if release:  # nothing reads layer l's cache again
             (cache.layers or cache.layer_inputs)[l] = None
+        grads_l = {k: g for k, g in grads_l.items() if k in stacks}
         for name, g in grads_l.items():
             grads[name][l] = g
         if on_layer is not None:
             on_layer(l, grads_l)
+    if ad is not None:  # frozen base: the embedding's scatter-add is never made
+        return loss, grads
     # h = wte[x]: scatter-add into the embedding rows.
     dwte = embedding_backward(dh.reshape(B, S, -1), cache.embedding)  # (V, d)
     if cfg.pad_token_id is not None:  # transformers' padding_idx: the pad row learns nothing
@@ -464,14 +538,16 @@ def backward(
 
 
 def loss_and_grads(
-    params: dict, cfg: Config, x: np.ndarray, y: np.ndarray, recompute: bool = False
+    params: dict, cfg: Config, x: np.ndarray, y: np.ndarray, recompute: bool = False,
+    adapters: Adapters | None = None,
 ) -> tuple[float, dict[str, np.ndarray]]:
-    """forward then backward: the mean loss and the gradient of every parameter.
+    """forward then backward: the mean loss and the gradient of every parameter (with
+    `adapters`, LoRA: of every adapter array, and of no base parameter).
 
     `recompute=True` keeps only each layer's input during the forward pass and recomputes the
     layer during the backward pass: less memory, one more forward pass, the same gradients.
     """
     if isinstance(x, np.ndarray):
         check_targets(y, x, cfg)  # before the forward pass, so a bad y costs nothing
-    _, cache = forward(params, cfg, x, recompute=recompute)
+    _, cache = forward(params, cfg, x, recompute=recompute, adapters=adapters)
     return backward(params, cfg, cache, y, release=True)  # the cache is ours alone
