@@ -17,10 +17,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..model import Config, init_params
+from ..model.adapters import Adapters, merged
 from ..model.tokenizer import Tokenizer
 from .config import TrainConfig
 from .data import get_batch, load_text, prepare_data
-from .finetune import check_init, init_state, load_init, run_config
+from .finetune import (
+    LoraRun,
+    check_init,
+    check_lora,
+    init_state,
+    load_init,
+    lora_state,
+    run_config,
+)
 from .optim import lr_at, zeros_like_params
 from .processes import batch_shards
 from .rundir import check_start, locked
@@ -158,13 +167,18 @@ def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, over
     if ranks is not None:
         ranks.ready(tc)  # every rank has passed the checks above
     write = ranks is None or ranks.is_root
-    params, m, v, start, rng = (init_state(base, tc) if base is not None
-                                else initial_state(tc, cfg, ckpt))  # params, optimizer, batches
+    lora = check_lora(tc, ckpt, base, ranks is not None)  # LoRA: the adapters alone train
+    if lora is None:
+        params, m, v, start, rng = (init_state(base, tc) if base is not None
+                                    else initial_state(tc, cfg, ckpt))  # params, optimizer,
+    else:  # batches; with LoRA the trainer's params are the adapters, the base frozen apart
+        frozen, params, m, v, start, rng = lora_state(lora, tc, cfg, ckpt, base)
     windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)
-    workers = ranks or batch_shards(tc.threads, tc.parallel)  # ranks, or processes or threads
+    workers = ranks or (LoraRun(frozen, lora) if lora else  # ranks, or processes or threads
+                        batch_shards(tc.threads, tc.parallel))
     if ranks is None:  # worker processes read the parameters where the loop updates them
         params = workers.shared(params)
-    evaluate_fn = ranks.evaluate if ranks else evaluate
+    evaluate_fn = ranks.evaluate if ranks else workers.evaluate if lora else evaluate
     log = RunLog(out_dir, tc, cfg, tokenizer.vocab, start, resume, progress=progress,
                  verbose=verbose, write=write, tokenizer_spec=getattr(tokenizer, "spec", None))
     val_loss = train_loss = math.nan
@@ -177,7 +191,7 @@ def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, over
                 train_loss = math.nan if last is None else last
                 log.eval(step, val_loss, last)
                 if step > start:
-                    log.checkpoint(step, params, m, v, rng)
+                    log.checkpoint(step, workers.saved(params) if lora else params, m, v, rng)
             if step == tc.steps:
                 break
             t0 = time.perf_counter()
@@ -195,6 +209,8 @@ def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, over
             workers.close()  # the worker processes end with the run
         log.close(finished)
     ms, comm_ms = log.ms_per_step()
+    if lora is not None:  # the model: each adapter merged into its frozen weight
+        params = merged(frozen, Adapters(lora, params))
     return TrainResult(params, cfg, tc, tokenizer, tc.steps, val_loss, train_loss, ms,
                        time.perf_counter() - t_start, out_dir, comm_ms)
 
