@@ -213,13 +213,13 @@ def cmd_to_hf(args: argparse.Namespace) -> int:
         tok = ckpt.tokenizer()
         build = temp_name(out)  # the new folder is made beside, then swapped in whole
         stage.writing = True
-        apart = ckpt.adapters is not None and not args.merge  # the base and its adapters
+        apart = None if args.merge else ckpt.adapters  # LoRA: the base and its adapters
         try:
-            written = write_hf(build, ckpt.base if apart else ckpt.params, ckpt.config,
-                               tok if tok.kind == "bpe" else None, say("to-hf"))
-            if apart:
+            written = write_hf(build, ckpt.base if apart and ckpt.base else ckpt.params,
+                               ckpt.config, tok if tok.kind == "bpe" else None, say("to-hf"))
+            if apart is not None:
                 written += [Path("adapter") / p.name for p in write_adapter_folder(
-                    build / "adapter", ckpt.adapters, ckpt.config, base="..")]
+                    build / "adapter", apart, ckpt.config, base="..")]
             replace_folder(out, build)
         except BaseException:
             shutil.rmtree(build, ignore_errors=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...tools.boundedjson import parse_json
+from ...tools.boundedjson import read_json
 from ...tools.util import atomic_write_text
 from ..adapters import TARGETS, Adapters, LoraSpec, adapter_shapes, check_adapters
 from ..config import Config
@@ -106,8 +106,7 @@ def read_adapter_folder(folder: str | Path, cfg: Config, dtype: type = np.float3
     """The adapters of a peft folder for the base `cfg`: every tensor checked (names, shapes,
     finite values) before it is used; ValueError naming what is wrong."""
     folder = Path(folder)
-    raw = (folder / ADAPTER_CONFIG).read_bytes()
-    spec = spec_from_peft(parse_json(raw, ADAPTER_CONFIG))
+    spec = spec_from_peft(read_json(folder / ADAPTER_CONFIG, max_bytes=2**20))  # bounded
     names = adapter_names(cfg, spec)
     tensors = read_safetensors(folder / ADAPTER_WEIGHTS)
     missing, extra = sorted(set(names) - set(tensors)), sorted(set(tensors) - set(names))
