@@ -28,6 +28,7 @@ from xenith_edu.model.adapters import (
     adapter_shapes,
     init_adapters,
     merged,
+    target_size,
 )
 from xenith_edu.tools.gradcheck import check_gradient
 
@@ -92,7 +93,8 @@ def lora_models(draw):
         kw.update(attention="flash", flash_block=draw(st.integers(1, 3)))
     cfg = Config(**kw)
     targets = tuple(draw(st.sets(st.sampled_from(list(TARGETS)), min_size=1)))
-    spec = LoraSpec(draw(st.integers(1, 3)), draw(st.floats(0.5, 16.0)), targets)
+    most = min(3, *(min(target_size(cfg, t)) for t in targets))  # a rank the model holds
+    spec = LoraSpec(draw(st.integers(1, most)), draw(st.floats(0.5, 16.0)), targets)
     seed = draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
     params = random_params(cfg, rng, dtype=np.float64)
@@ -141,9 +143,12 @@ def test_adapter_grads_match_finite_differences(case):
             return loss_and_grads(params, cfg, x, y, adapters=Adapters(ad.spec, weights))[0]
 
         # the step divided by the scale: B and A reach the output multiplied by it, so the same
-        # step in the output's terms (else the differences' truncation error grows as scale**4)
+        # step in the output's terms (else the differences' truncation error grows as scale**4).
+        # The differences' rounding is then up to eps |loss| / h ~ 1e-16 * 10 / 6e-5 ~ 2e-11:
+        # a gradient below floor 1e-5 is compared absolutely, within tol * floor = 1e-11
+        h = 1e-3 / max(1.0, ad.spec.scale)
         res = check_gradient(f, ad.weights[name], g, name=name, n_coords=4, rng=rng, tol=1e-6,
-                             h=1e-3 / max(1.0, ad.spec.scale))
+                             h=h, floor=1e-5)
         assert res.passed, str(res)
 
 
@@ -178,6 +183,21 @@ def test_fresh_adapters_leave_the_model_unchanged(rng):
 def test_spec_refuses_bad_settings_in_one_line(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LoraSpec(**kwargs)
+
+
+@given(rank=st.integers(1, 2**62), target=st.sampled_from(list(TARGETS)))
+@settings(max_examples=30, deadline=None)
+def test_a_rank_the_model_cannot_hold_is_refused_before_any_allocation(rank, target):
+    """Above min(in, out) of the projection: refused by the one door to the adapters' sizes
+    (a rank of 10**8 once asked the machine for 19 GB)."""
+    cfg = Config(vocab_size=9, n_embd=8, n_head=2, n_kv_head=1, n_layer=2, seq_len=4)
+    spec = LoraSpec(rank, 8.0, (target,))
+    widths = {"q": 8, "k": 4, "v": 4, "o": 8}
+    if rank <= widths[target]:
+        assert init_adapters(cfg, spec, np.random.default_rng(0)).weights
+        return
+    with pytest.raises(ValueError, match="min\\(in, out\\)"):
+        init_adapters(cfg, spec, np.random.default_rng(0))
 
 
 def test_spec_has_one_canonical_target_order():

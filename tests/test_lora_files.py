@@ -118,10 +118,10 @@ def test_a_lora_checkpoint_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize(("edit", "words"), [
-    ({"lora_rank": "two"}, "LoRA settings"), ({"lora_rank": 5}, "shape"),
+    ({"lora_rank": "two"}, "LoRA settings"), ({"lora_rank": 3}, "shape"),
     ({"lora_targets": "q,k"}, "unexpected"), ({"lora_targets": "q,k,o,v"}, "lacks"),
     ({"lora_alpha": -1.0}, "LoRA settings"), ({"lora_rank": 0}, "lacks"),
-    ({"lora_targets": "gate"}, "LoRA settings"),
+    ({"lora_targets": "gate"}, "LoRA settings"), ({"lora_rank": 10**12}, "LoRA settings"),
 ])
 def test_a_lora_checkpoint_whose_settings_were_edited_is_refused(tmp_path, edit, words):
     lora_checkpoint(tmp_path / "c.npz", adapters())

@@ -89,10 +89,17 @@ class LayerLora(NamedTuple):
 
 
 def adapter_shapes(cfg: Config, spec: LoraSpec) -> dict[str, tuple[int, ...]]:
-    """The adapter arrays of `spec` on `cfg`, in the model's order: lora_A.<t>, lora_B.<t>."""
+    """The adapter arrays of `spec` on `cfg`, in the model's order: lora_A.<t>, lora_B.<t>.
+
+    The one door to their sizes, so it is where the rank is bounded, before anything is
+    allocated: above min(in, out) of a projection an adapter is a full-rank product that costs
+    more than the weight it adapts (ValueError naming the projection)."""
     shapes = {}
     for t in spec.targets:
         n, m = target_size(cfg, t)
+        if spec.rank > min(n, m):
+            raise ValueError(f"lora rank {spec.rank} is more than projection {t}'s "
+                             f"min(in, out) = {min(n, m)}: choose a rank of at most that")
         shapes[f"lora_A.{t}"] = (cfg.n_layer, spec.rank, n)
         shapes[f"lora_B.{t}"] = (cfg.n_layer, m, spec.rank)
     return shapes

@@ -328,6 +328,8 @@ def _read_meta(path: Path, raw: np.ndarray) -> dict:
         raise _bad(path, f"has moments = {moments!r}, not true or false: the file is damaged")
     try:
         lora = lora_of(train)
+        if lora is not None:
+            adapter_shapes(stored, lora)  # a rank the model cannot hold, before any allocation
     except (ValueError, TypeError) as e:
         raise _bad(path, f"has damaged LoRA settings ({one_line(e)}): {_AGAIN}") from None
     return {**meta, "config": stored, "train": dict(train), "moments": moments, "lora": lora}
