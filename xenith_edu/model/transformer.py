@@ -330,8 +330,8 @@ def swiglu_block_forward(
     x2b, norm = rmsnorm_forward(h, p["rms_ffn"], cfg.norm_eps)  # (N, d)
     out, swiglu = swiglu_forward(x2b, p["w1"], p["w3"], p["w2"], p.get("w13"))  # (N, d); w13:
     # [w1 / 2, w3] when the caller stacked it once (decoding)
-    if frozen:
-        swiglu = swiglu._replace(x=None, ha=None)
+    if frozen:  # no input of a weight's product, no stacked copy of the weights
+        swiglu = swiglu._replace(x=None, ha=None, w13=None, w1w3=(p["w1"], p["w3"]))
     return out, SwiGLUBlockCache(norm, swiglu)
 
 
