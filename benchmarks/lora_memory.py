@@ -7,8 +7,10 @@ batch 1, float32 random weights (nothing is downloaded); LoRA of rank 16, alpha 
 o (peft's LoraConfig, no dropout). A step is forward, loss, backward, clipping, AdamW on the
 adapters. Each side runs in a fresh process of its own; its memory is Linux's VmRSS once the
 weights are made, and the step's peak: VmHWM (the resident high-water mark, reset once the
-weights are made) over the warm-up and timed steps. NumPy runs once per BLAS kernel (the one the
-environment sets, OpenBLAS's own, and one forced with --force), as the other benchmarks do.
+weights are made) over the warm-up and timed steps; its time, the median wall and CPU seconds
+of the timed steps (on a busy machine the CPU time is the steadier figure). NumPy runs once per
+BLAS kernel (the one the environment sets, OpenBLAS's own, and one forced with --force), as the
+other benchmarks do.
 Run: python benchmarks/lora_memory.py [--layers 16] [--steps 2] [--threads 2]
      [--force OPENBLAS_CORETYPE=Haswell --force OPENBLAS_L2_SIZE=512]
 """
@@ -73,15 +75,16 @@ def ours(layers: int, steps: int) -> dict:
     x, y = rng.integers(0, cfg.vocab_size, (2, 1, cfg.seq_len))  # (B, S) each
     weights = rss("VmRSS:")
     reset_peak()
-    times = []
+    times, cpu = [], []
     for i in range(steps + 1):  # the first warms up: the workspace's arrays are made there
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss, _ = train_step(ad, m, v, i, 1e-4, cfg, tc, x, y, run.loss_and_grads)
         if i:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
     kernel = f"{blas[0].get('internal_api')} {blas[0].get('architecture')}" if blas else "?"
-    return {"start": start, "weights": weights, "peak": rss("VmHWM:"), "seconds": times,
+    return {"start": start, "weights": weights, "peak": rss("VmHWM:"), "seconds": times, "cpu": cpu,
             "loss": loss, "params": sum(p.size for p in params.values()), "kernel": kernel}
 
 
@@ -96,7 +99,8 @@ def torch_peft(layers: int, steps: int, threads: int) -> dict:
     c = LLAMA_32_1B
     hf = transformers.LlamaConfig(
         vocab_size=c["vocab_size"], hidden_size=c["n_embd"], num_attention_heads=c["n_head"],
-        num_key_value_heads=c["n_kv_head"], num_hidden_layers=layers, head_dim=64,
+        num_key_value_heads=c["n_kv_head"], num_hidden_layers=layers,
+        head_dim=c["n_embd"] // c["n_head"],
         intermediate_size=c["ffn_hidden"], max_position_embeddings=c["seq_len"],
         tie_word_embeddings=True, rope_theta=c["rope_theta"], rms_norm_eps=c["norm_eps"])
     torch.manual_seed(0)
@@ -110,9 +114,9 @@ def torch_peft(layers: int, steps: int, threads: int) -> dict:
     x, y = torch.randint(0, c["vocab_size"], (2, 1, c["seq_len"]), generator=g)
     weights = rss("VmRSS:")
     reset_peak()
-    times = []
+    times, cpu = [], []
     for i in range(steps + 1):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         logits = model(input_ids=x).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                  y.reshape(-1))
@@ -123,8 +127,9 @@ def torch_peft(layers: int, steps: int, threads: int) -> dict:
         del logits
         if i:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     n = sum(p.numel() for p in model.parameters() if not p.requires_grad)
-    return {"start": start, "weights": weights, "peak": rss("VmHWM:"), "seconds": times,
+    return {"start": start, "weights": weights, "peak": rss("VmHWM:"), "seconds": times, "cpu": cpu,
             "loss": float(loss), "params": n, "kernel": f"torch {torch.__version__}"}
 
 
@@ -160,12 +165,12 @@ def report(results: dict[str, dict]) -> None:
     gib = 2.0 ** 30
     t = results["torch + peft"]
     print(f"{'':22} {'weights GiB':>11} {'step peak GiB':>13} {'s / step':>9} "
-          f"{'peak / torch':>12} {'time / torch':>12}  kernel")
+          f"{'CPU s':>7} {'peak / torch':>12} {'time / torch':>12} {'CPU / torch':>11}  kernel")
     for name, r in results.items():
-        sec = median(r["seconds"])
+        sec, cpu = median(r["seconds"]), median(r["cpu"])
         print(f"{name:22} {r['weights'] / gib:11.2f} {r['peak'] / gib:13.2f} {sec:9.2f} "
-              f"{r['peak'] / t['peak']:12.2f} {sec / median(t['seconds']):12.2f}  "
-              f"{r['kernel']}")
+              f"{cpu:7.2f} {r['peak'] / t['peak']:12.2f} {sec / median(t['seconds']):12.2f} "
+              f"{cpu / median(t['cpu']):11.2f}  {r['kernel']}")
     print(f"(frozen parameters: {t['params']:,}; losses: "
           + ", ".join(f"{n} {r['loss']:.4f}" for n, r in results.items()) + ")")
 
