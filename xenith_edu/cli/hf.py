@@ -185,7 +185,7 @@ def _summary(path: Path, model) -> None:
 def cmd_to_hf(args: argparse.Namespace) -> int:
     # the command's modules, loaded when it runs (the parser alone needs none of them)
     from ..model.hf import write_hf  # when the command runs: --help stays fast
-    from ..model.hf.adapters import write_adapter_folder
+    from ..model.hf.adapters import write_adapter_folder  # when the command runs
     from ..training.checkpoint import load_checkpoint
     from ..training.rundir import LOCK, replace_folder, temp_name  # when the command runs
 
