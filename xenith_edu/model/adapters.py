@@ -94,7 +94,7 @@ def adapter_shapes(cfg: Config, spec: LoraSpec) -> dict[str, tuple[int, ...]]:
     The one door to their sizes, so it is where the rank is bounded, before anything is
     allocated: above min(in, out) of a projection an adapter is a full-rank product that costs
     more than the weight it adapts (ValueError naming the projection)."""
-    shapes = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for t in spec.targets:
         n, m = target_size(cfg, t)
         if spec.rank > min(n, m):
@@ -108,7 +108,8 @@ def adapter_shapes(cfg: Config, spec: LoraSpec) -> dict[str, tuple[int, ...]]:
 def init_adapters(cfg: Config, spec: LoraSpec, rng: np.random.Generator,
                   dtype: type = np.float32) -> Adapters:
     """Fresh adapters: each layer's A as peft draws it (kaiming-uniform), B zero (`lora_init`)."""
-    weights = {k: np.empty(s, dtype) for k, s in adapter_shapes(cfg, spec).items()}
+    weights: dict[str, np.ndarray] = {k: np.empty(s, dtype)
+                                      for k, s in adapter_shapes(cfg, spec).items()}
     for t in spec.targets:
         n, m = target_size(cfg, t)
         for l in range(cfg.n_layer):

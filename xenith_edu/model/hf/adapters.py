@@ -99,7 +99,8 @@ def spec_from_peft(conf: object) -> LoraSpec:
     if unknown:
         raise ValueError(f"{ADAPTER_CONFIG} targets {unknown}: the book's LoRA adapts "
                          f"{', '.join(ours)}")
-    return LoraSpec(conf.get("r"), conf.get("lora_alpha", 8), tuple(ours[m] for m in modules))
+    return LoraSpec(conf.get("r", 0), conf.get("lora_alpha", 8),
+                    tuple(ours[m] for m in modules))
 
 
 def read_adapter_folder(folder: str | Path, cfg: Config, dtype: type = np.float32) -> Adapters:
@@ -113,7 +114,8 @@ def read_adapter_folder(folder: str | Path, cfg: Config, dtype: type = np.float3
     if missing or extra:
         raise ValueError(f"{ADAPTER_WEIGHTS} lacks {missing[:2]} or has unexpected {extra[:2]} "
                          "for its adapter_config.json and the base model")
-    weights = {k: np.empty(s, dtype) for k, s in adapter_shapes(cfg, spec).items()}
+    weights: dict[str, np.ndarray] = {k: np.empty(s, dtype)
+                                      for k, s in adapter_shapes(cfg, spec).items()}
     for key, (ours, l) in names.items():
         w = tensors[key]
         if w.shape != weights[ours].shape[1:]:
