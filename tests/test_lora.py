@@ -99,8 +99,10 @@ def lora_models(draw):
     rng = np.random.default_rng(seed)
     params = random_params(cfg, rng, dtype=np.float64)
     ad = init_adapters(cfg, spec, rng, np.float64)
-    for a in ad.weights.values():
-        a[...] = 0.4 * rng.standard_normal(a.shape)
+    for k, a in ad.weights.items():  # B / scale: the adapters' change of W, scale A.T B.T, is
+        # then of the base's size whatever the scale (else the model saturates with a large
+        # alpha / r, and finite differences truncate badly)
+        a[...] = 0.4 * rng.standard_normal(a.shape) / (spec.scale if "lora_B" in k else 1.0)
     B = draw(st.integers(1, 2))
     # distinct tokens in a window: two equal ones give equal values, and then the attention's
     # output does not depend on q at all (an exact zero that finite differences see as noise)
