@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import xenith_edu
+from xenith_edu.model.adapters import LoraSpec, init_adapters
 from xenith_edu.model.config import Config
 from xenith_edu.model.params import random_params
 from xenith_edu.model.transformer import loss_and_grads
@@ -85,6 +86,13 @@ TRACED_MODELS = [
           scale_embeddings=True, query_pre_attn_scalar=5, sliding_window=3, global_layers=(1,),
           local_rope_theta=10.0, rope_scaling="linear", rope_factor=2.0), np.float32),
 ]
+# LoRA: adapters on every target, the base frozen (its caches keep no input of a weight's product)
+TRACED_LORA = [
+    (dict(vocab_size=10, n_embd=16, n_head=4, n_kv_head=2, n_layer=2, seq_len=6, qkv_bias=True,
+          qk_norm=True), np.float64, LoraSpec(3, 6.0, ("q", "k", "v", "o"))),
+    (dict(vocab_size=9, n_embd=16, n_head=2, n_layer=1, seq_len=5, tie_embeddings=False,
+          attention="flash", flash_block=2), np.float32, LoraSpec(2, 16.0, ("v", "o"))),
+]
 
 
 def _arguments(frame: FrameType) -> Call:
@@ -107,14 +115,17 @@ def traced_calls() -> dict[str, list[Call]]:
             calls[by_code[frame.f_code]].append(_arguments(frame))
 
     rng = np.random.default_rng(38)
-    for kwargs, dtype in TRACED_MODELS:
+    for kwargs, dtype, spec in [(*m, None) for m in TRACED_MODELS] + TRACED_LORA:
         cfg = Config(**kwargs)
         params = random_params(cfg, rng, dtype=dtype)
+        adapters = None if spec is None else init_adapters(cfg, spec, rng, dtype)
+        for a in (adapters.weights.values() if adapters else ()):
+            a[...] = 0.3 * rng.standard_normal(a.shape)  # B nonzero: every term matters
         x = rng.integers(0, cfg.vocab_size, size=(2, cfg.seq_len))  # (B, S)
         y = rng.integers(0, cfg.vocab_size, size=(2, cfg.seq_len))  # (B, S)
         sys.setprofile(hook)
         try:
-            loss_and_grads(params, cfg, x, y)
+            loss_and_grads(params, cfg, x, y, adapters=adapters)
         finally:
             sys.setprofile(None)
     return calls

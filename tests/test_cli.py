@@ -311,7 +311,7 @@ OTHER = {"n_layer": 3, "n_head": 2, "n_embd": 48, "ffn_hidden": 96, "seq_len": 1
          "eval_every": 3, "eval_batches": 2, "seed": 4, "attention": "flash", "flash_block": 16,
          "recompute": True, "threads": 3, "n_kv_head": 2, "parallel": "threads",
          "head_width": 8, "qkv_bias": True, "qk_norm": True, "rope_scaling": "llama3",
-         "sliding_window": 4}
+         "sliding_window": 4, "lora_rank": 8, "lora_alpha": 4.0, "lora_targets": "q,k,v,o"}
 
 
 def _config(argv):

@@ -372,7 +372,7 @@ def test_component_caches_are_named_tuples(rng):
     caches = {
         "rmsnorm": (rmsnorm_forward(x, w, 1e-5)[1], ("xhat", "rstd", "w")),
         "swiglu": (swiglu_forward(x, w1, w3, w2)[1],
-                   ("x", "x_shape", "w13", "w2", "h3", "sig2", "gate", "ha")),
+                   ("x", "x_shape", "w13", "w2", "h3", "sig2", "gate", "ha", "w1w3")),
         "attention": (causal_attention_forward(q, q, q)[1], ("q", "k", "v", "att", "scale")),
         "rope": (rope_forward(q, cos, sin)[1], ("cos", "sin")),
         "embedding": (embedding_forward(x, np.array([[0, 2]]))[1], ("x", "vocab_size")),

@@ -225,7 +225,7 @@ def test_embedding_scale_is_rounded_to_the_dtype_and_spares_the_output_head(rng)
     cfg = xe.Config(vocab_size=11, n_embd=12, n_head=2, n_layer=1, seq_len=4,
                     scale_embeddings=True)
     params = random_params(cfg, rng, dtype=np.float32)
-    from xenith_edu.model.transformer import embed, embed_scale
+    from xenith_edu.model.ends import embed, embed_scale
 
     assert embed_scale(cfg, np.float32) == float(np.float32(12 ** 0.5)) != 12 ** 0.5
     h, _ = embed(params, cfg, np.array([[3, 4]]))

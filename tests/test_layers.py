@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "xenith_edu"
 
 # The floors, lowest first. A module may import its own floor and the floors below it.
 COMPONENTS = ("softmax_ce", "swiglu", "rmsnorm", "attention", "rope", "embedding", "linear",
-              "flash_attention", "bias", "qk_norm", "rope_scaling", "geglu")
+              "flash_attention", "bias", "qk_norm", "rope_scaling", "geglu",
+              "lora")
 FLOORS = ("tools", "components", "model", "training", "exercises", "grader", "booktools",
           "gradebook", "cli")
 TOP_LEVEL = {f"{c}.py" for c in COMPONENTS} | {"chapters.py", "__init__.py", "__main__.py"}

@@ -24,15 +24,11 @@ from xenith_edu.attention import causal_attention_backward, causal_attention_for
 from xenith_edu.model import generate as gen
 from xenith_edu.model.check import check_model
 from xenith_edu.model.config import window_of
+from xenith_edu.model.ends import head_forward
 from xenith_edu.model.generate import _feed, _prepare, cache_positions, empty_kv_cache, generate
 from xenith_edu.model.params import random_params
 from xenith_edu.model.positions import layer_tables, qk_rope_tables
-from xenith_edu.model.transformer import (
-    forward,
-    head_forward,
-    layer_forward,
-    layer_params,
-)
+from xenith_edu.model.transformer import forward, layer_forward, layer_params
 from xenith_edu.tools.gradcheck import check_gradient
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -20,7 +20,8 @@ from .tools.workspace import empty
 class LinearCache(NamedTuple):
     """What `linear_backward` needs: each factor of the product multiplies the other's gradient."""
 
-    x: np.ndarray  # (..., n) the input, for dW = x.T @ dy
+    x: np.ndarray | None  # (..., n) the input, for dW = x.T @ dy; None for a frozen weight
+    # (LoRA fine-tuning): its gradient is never made, so its input need not be kept
     w: np.ndarray  # (n, m) the weight, for dx = dy @ w.T
 
 
@@ -30,10 +31,14 @@ def linear_forward(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, LinearCach
     return y, LinearCache(x, w)
 
 
-def linear_backward(dy: np.ndarray, cache: LinearCache) -> tuple[np.ndarray, np.ndarray]:
-    """Gradients `(dx, dw)` of y = x @ w given dy (..., m); see the notation page."""
+def linear_backward(dy: np.ndarray, cache: LinearCache
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Gradients `(dx, dw)` of y = x @ w given dy (..., m); see the notation page. dw is None
+    when the cache holds no input (a frozen weight)."""
     x, w = cache
-    dx = np.matmul(dy, w.T, out=empty(x.shape, dy.dtype))  # (..., n)
+    dx = np.matmul(dy, w.T, out=empty((*dy.shape[:-1], w.shape[0]), dy.dtype))  # (..., n)
+    if x is None:
+        return dx, None
     x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])  # (N, n), (N, m)
     dw = np.matmul(x2.T, dy2, out=empty(w.shape, dy.dtype))  # (n, m), summed over the rows
     return dx, dw

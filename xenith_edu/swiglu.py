@@ -23,14 +23,17 @@ class SwiGLUCache(NamedTuple):
     """What `swiglu_backward` needs: each product's input and weight, and the gate's pieces
     (h3, sig2, gate), to differentiate silu(h1) * h3 without computing another tanh."""
 
-    x: np.ndarray  # (N, d) the input, flattened: for [2 dw1, dw3] = x.T @ [du, dh3]
+    x: np.ndarray | None  # (N, d) the input, flattened: for [2 dw1, dw3] = x.T @ [du, dh3]
+    # (None, and ha None, when the weights are frozen: LoRA; no weight gradient is made)
     x_shape: tuple[int, ...]  # the input's shape (..., d), to give dx the same
-    w13: np.ndarray  # (2, d, f) [w1 / 2, w3] stacked (see swiglu_forward): for dx
+    w13: np.ndarray | None  # (2, d, f) [w1 / 2, w3] stacked (see swiglu_forward): for dx
     w2: np.ndarray  # (f, d) the down projection: for dha = dout @ w2.T
     h3: np.ndarray  # (N, f) the up projection x @ w3: for dh1
     sig2: np.ndarray  # (N, f) 2 sigmoid(h1) = 1 + tanh(h1 / 2): for silu'(h1)
     gate: np.ndarray  # (N, f) silu(h1): for dh3 and silu'(h1)
-    ha: np.ndarray  # (N, f) the gated hidden silu(h1) * h3, input of w2: for dw2
+    ha: np.ndarray | None  # (N, f) the gated hidden silu(h1) * h3, input of w2: for dw2
+    w1w3: tuple[np.ndarray, np.ndarray] | None = None  # frozen weights (LoRA): w13 is None and
+    # dx reads w1 (d, f) and w3 (d, f) as they are, so no stacked (2, d, f) copy is kept
 
 
 def sigmoid(z: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -102,13 +105,14 @@ def swiglu_forward(
 
 def swiglu_backward(
     dout: np.ndarray, cache: SwiGLUCache
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients `(dx, dw1, dw3, dw2)` of SwiGLU given `dout` (..., d). See the SwiGLU chapter."""
-    x2, x_shape, w13, w2, h3, sig2, gate, ha = cache
-    (N, f), d, dtype = h3.shape, x2.shape[1], dout.dtype
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """Gradients `(dx, dw1, dw3, dw2)` of SwiGLU given `dout` (..., d). See the SwiGLU chapter.
+    The weights' are None when the cache holds no input (frozen weights)."""
+    x2, x_shape, w13, w2, h3, sig2, gate, ha, w1w3 = cache
+    (N, f), d, dtype = h3.shape, w2.shape[1], dout.dtype
     dout2 = dout.reshape(-1, d)  # (N, d)
     # out = ha @ w2
-    dw2 = np.matmul(ha.T, dout2, out=empty((f, d), dtype))  # (f, d)
+    dw2 = None if ha is None else np.matmul(ha.T, dout2, out=empty((f, d), dtype))  # (f, d)
     dh13 = empty((2, N, f), dtype)  # (2, N, f) = [du, dh3], stacked as h13 is
     du, dh3 = dh13  # (N, f) each, contiguous
     dha = np.matmul(dout2, w2.T, out=dh3)  # (N, f), in dh3's block: dh3 is made from it in place
@@ -120,9 +124,17 @@ def swiglu_backward(
     du *= h3
     du *= dha
     dh3 *= gate  # ... and dh3 = dha * silu(h1), in place over dha
+    if w13 is None and w1w3 is not None:  # frozen: dx = du @ w1.T / 2 + dh3 @ w3.T, no dW
+        dx = np.matmul(du, w1w3[0].T, out=empty((N, d), dtype))  # (N, d)
+        dx *= 0.5  # u = x @ (w1 / 2): halving is exact
+        dx += np.matmul(dh3, w1w3[1].T, out=empty((N, d), dtype))
+        return dx.reshape(x_shape), None, None, dw2
+    assert w13 is not None  # swiglu_forward's stack (None only with w1w3, above)
     # h13 = x @ [w1 / 2, w3]: x fans out to both projections, so dx sums both paths.
     dx13 = np.matmul(dh13, w13.transpose(0, 2, 1), out=empty((2, N, d), dtype))  # (2, N, d)
     dx = np.add(dx13[0], dx13[1], out=empty((N, d), dtype))  # (N, d) = du @ w1.T / 2 + dh3 @ w3.T
+    if x2 is None:  # frozen weights: no dw1, dw3
+        return dx.reshape(x_shape), None, None, dw2
     dw13 = np.matmul(x2.T, dh13, out=empty((2, d, f), dtype))  # (2, d, f) = [dw1 * 2, dw3]
     dw13[0] *= 0.5  # u = x @ (w1 / 2): dw1 = (x.T @ du) / 2
     return dx.reshape(x_shape), dw13[0], dw13[1], dw2

@@ -44,6 +44,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="allow replacing a model already in --out: the whole folder is "
                    "replaced at once, by a new one built beside it")
+    p.add_argument("--merge", action="store_true",
+                   help="a LoRA run: write one model, each adapter merged into its weight "
+                   "(without it: the frozen base, and its adapters in HF_DIR/adapter, a folder "
+                   "that peft's PeftModel.from_pretrained loads over it)")
     p.set_defaults(func=cmd_to_hf)
 
 
@@ -181,6 +185,7 @@ def _summary(path: Path, model) -> None:
 def cmd_to_hf(args: argparse.Namespace) -> int:
     # the command's modules, loaded when it runs (the parser alone needs none of them)
     from ..model.hf import write_hf  # when the command runs: --help stays fast
+    from ..model.hf.adapters import write_adapter_folder  # when the command runs
     from ..training.checkpoint import load_checkpoint
     from ..training.rundir import LOCK, replace_folder, temp_name  # when the command runs
 
@@ -208,9 +213,13 @@ def cmd_to_hf(args: argparse.Namespace) -> int:
         tok = ckpt.tokenizer()
         build = temp_name(out)  # the new folder is made beside, then swapped in whole
         stage.writing = True
+        apart = None if args.merge else ckpt.adapters  # LoRA: the base and its adapters
         try:
-            written = write_hf(build, ckpt.params, ckpt.config,
-                               tok if tok.kind == "bpe" else None, say("to-hf"))
+            written = write_hf(build, ckpt.base if apart and ckpt.base else ckpt.params,
+                               ckpt.config, tok if tok.kind == "bpe" else None, say("to-hf"))
+            if apart is not None:
+                written += [Path("adapter") / p.name for p in write_adapter_folder(
+                    build / "adapter", apart, ckpt.config, base="..")]
             replace_folder(out, build)
         except BaseException:
             shutil.rmtree(build, ignore_errors=True)

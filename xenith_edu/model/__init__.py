@@ -8,12 +8,12 @@ above it (training, exercises, booktools, grader, gradebook, cli).
 from .check import check_model
 from .checks import check_params, check_targets, check_tokens
 from .config import Config, default_ffn_hidden
+from .ends import HeadCache, head_backward, head_forward
 from .params import LAYER_PARAMS, PARAM, PARAMS, init_params, param_shapes, random_params
 from .positions import qk_rope_tables
 from .tokenizer import BPETokenizer, CharTokenizer, tokenizer_of
 from .transformer import (
     AttentionBlockCache,
-    HeadCache,
     LayerCache,
     ModelCache,
     PastKV,
@@ -22,8 +22,6 @@ from .transformer import (
     attention_block_forward,
     backward,
     forward,
-    head_backward,
-    head_forward,
     layer_backward,
     layer_forward,
     layer_params,

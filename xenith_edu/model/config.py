@@ -4,6 +4,7 @@ The lowest floor of `xenith_edu.model`: the parameter table and the model read i
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, fields
 
@@ -262,3 +263,9 @@ def window_of(cfg: Config, layer: int) -> int | None:
     attention, and the cache's size): `cfg.sliding_window` on every layer but
     `cfg.global_layers` (Gemma 3's global layers see every earlier position), None there."""
     return None if layer in cfg.global_layers else cfg.sliding_window
+
+
+@functools.lru_cache(maxsize=256)
+def norm_offset(cfg: Config) -> float:
+    """The constant of the RMSNorm gains: 1 for Gemma's 1 + w (Config.norm_plus_one), else 0."""
+    return 1.0 if cfg.norm_plus_one else 0.0

@@ -20,16 +20,10 @@ from numpy.typing import DTypeLike
 from ..swiglu import stacked_gate_up
 from .checks import check_params, check_tokens
 from .config import Config, window_of
+from .ends import embed, head_forward
 from .positions import layer_tables, qk_rope_tables
 from .tokenizer import CharTokenizer
-from .transformer import (
-    PastKV,
-    embed,
-    forward,
-    head_forward,
-    layer_forward,
-    layer_params,
-)
+from .transformer import PastKV, forward, layer_forward, layer_params
 
 # Shape legend: T new positions fed at once (the prompt, then 1), P = pos + T positions seen,
 # d width, Hkv key/value heads, hd head width, V vocab, L layers, C = seq_len.

@@ -101,7 +101,10 @@ def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
 
 
 def decays(name: str) -> bool:
-    """Whether weight decay applies to parameter `name`: matrices and embeddings yes, gains no."""
+    """Whether weight decay applies to parameter `name`: matrices and embeddings yes, gains no;
+    LoRA's adapter matrices (`model.adapters`, named lora_A.<t>, lora_B.<t>) yes."""
+    if name.startswith(("lora_A.", "lora_B.")):
+        return True
     return PARAM[name].decay
 
 

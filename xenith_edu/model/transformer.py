@@ -28,7 +28,6 @@ to the next (no page faults, no process setting); benchmarks/README.md has the m
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -36,26 +35,36 @@ import numpy as np
 
 from ..attention import AttentionCache, causal_attention_backward, causal_attention_forward
 from ..bias import BiasCache, bias_backward, bias_forward
-from ..embedding import EmbeddingCache, embedding_backward, embedding_forward
+from ..embedding import EmbeddingCache, embedding_backward
 from ..flash_attention import FlashCache, flash_attention_backward, flash_attention_forward
 from ..geglu import GeGLUCache, geglu_backward, geglu_forward
 from ..linear import LinearCache, linear_backward, linear_forward
+from ..lora import LoraCache, lora_backward, lora_forward
 from ..qk_norm import QKNormCache, qk_norm_backward, qk_norm_forward
 from ..rmsnorm import RMSNormCache, rmsnorm_backward, rmsnorm_forward
 from ..rope import RopeCache, rope_backward, rope_forward
 from ..softmax_ce import softmax_cross_entropy
 from ..swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
 from ..tools.workspace import empty, empty_like, give_back, return_freed
+from .adapters import (
+    Adapters,
+    LayerLora,
+    adapt_qkv,
+    adapter_shapes,
+    check_adapters,
+    layer_lora,
+    lora_qkv_grads,
+)
 from .checks import check_params, check_targets, check_tokens
-from .config import Config, window_of
+from .config import Config, norm_offset, window_of
+from .ends import HeadCache, embed, embed_scale, head_backward, head_forward
 from .params import PARAM, layer_names, param_shapes
 from .positions import layer_tables, qk_rope_tables
 
 __all__ = [
-    "AttentionBlockCache", "HeadCache", "LayerCache", "ModelCache", "PastKV",
+    "AttentionBlockCache", "LayerCache", "ModelCache", "PastKV",
     "SwiGLUBlockCache", "attention_block_backward", "attention_block_forward", "backward",
-    "embed", "embed_scale", "forward", "head_backward", "head_forward", "layer_backward",
-    "layer_forward", "layer_params", "layer_window",
+    "forward", "layer_backward", "layer_forward", "layer_params", "layer_window",
     "loss_and_grads", "merge_heads", "split_heads",
     "swiglu_block_backward", "swiglu_block_forward",
 ]
@@ -79,12 +88,6 @@ def merge_heads(u: np.ndarray) -> np.ndarray:
     return out.reshape(B * S, H * hd)
 
 
-@functools.lru_cache(maxsize=256)
-def _offset(cfg: Config) -> float:
-    """The constant of the RMSNorm gains: 1 for Gemma's 1 + w (Config.norm_plus_one), else 0."""
-    return 1.0 if cfg.norm_plus_one else 0.0
-
-
 def layer_params(params: dict, l: int) -> dict[str, np.ndarray]:
     """Layer l's slice of each (L, ...) stack: {"rms_attn": (d,), "wq": (d, dq), ...}, views."""
     return {name: p[l] for name, p in params.items() if PARAM[name].per_layer}
@@ -105,6 +108,8 @@ class AttentionBlockCache(NamedTuple):
     # weights (B, H, S, S), or with flash attention the output and its log-sum-exp (B, H, S)
     out: LinearCache  # out = merge_heads(a) @ wo: both factors
     post: RMSNormCache | None = None  # out = rmsnorm(out, rms_attn_post) (Config.post_norms)
+    lora: dict[str, LoraCache] | None = None  # each adapter's cache by target (q, k, v, o);
+    # None without adapters. With them the base is frozen: no weight gradient is made
 
 
 class QKNormPair(NamedTuple):
@@ -182,7 +187,7 @@ def _normed_qk(qk: np.ndarray, p: dict, cfg: Config) -> tuple[np.ndarray, QKNorm
     """QK-norm (Config.qk_norm) on qk (B, S, dq + dkv): each head of q and of k by its gain."""
     if not cfg.qk_norm:
         return qk, None
-    dq, one = cfg.q_dim, _offset(cfg)
+    dq, one = cfg.q_dim, norm_offset(cfg)
     qn, qc = qk_norm_forward(qk[..., :dq], p["q_norm"], cfg.norm_eps, one)  # (B, S, dq)
     kn, kc = qk_norm_forward(qk[..., dq:], p["k_norm"], cfg.norm_eps, one)  # (B, S, dkv)
     return np.concatenate((qn, kn), axis=-1), QKNormPair(qc, kc)  # (B, S, dq + dkv)
@@ -190,7 +195,7 @@ def _normed_qk(qk: np.ndarray, p: dict, cfg: Config) -> tuple[np.ndarray, QKNorm
 
 def attention_block_forward(
     h: np.ndarray, p: dict, cfg: Config, cos: np.ndarray, sin: np.ndarray,
-    past: PastKV | None = None, layer: int | None = None,
+    past: PastKV | None = None, layer: int | None = None, lora: LayerLora | None = None,
 ) -> tuple[np.ndarray, AttentionBlockCache]:
     """The attention branch of one layer: merge_heads(attention(rope(q), rope(k), v)) @ wo,
     with q, k, v the products of rmsnorm(h, rms_attn) with wq, wk and wv (plus their biases,
@@ -201,13 +206,18 @@ def attention_block_forward(
     q and k, (S, (dq + dkv)/2) each. Query head j reads key/value head j // (H // Hkv). With
     `past` (decoding), the S positions come after `past.pos` earlier ones whose keys and values
     `past` holds. `layer`, the layer's index, gives its sliding window (`window_of`; without
-    it, the one all layers share). Returns `(out, cache)`, out (N, d).
+    it, the one all layers share). With `lora` (the layer's adapters) the block's weights are
+    frozen and the adapters add their outputs to their projections'. Returns `(out, cache)`,
+    out (N, d).
     """
     S, H, Hkv, dq, dkv = cos.shape[0], cfg.n_head, cfg.kv_heads, cfg.q_dim, cfg.kv_dim
     B, w = h.shape[0] // S, dq + 2 * dkv
-    xb, norm = rmsnorm_forward(h, p["rms_attn"], cfg.norm_eps, _offset(cfg))  # (N, d)
+    xb, norm = rmsnorm_forward(h, p["rms_attn"], cfg.norm_eps, norm_offset(cfg))  # (N, d)
     # q, k, v = xb @ wq (+ bq), xb @ wk (+ bk), xb @ wv (+ bv), as one product
     qkv, qkv_cache, bias = _qkv(xb, p, cfg)  # (N, dq + 2dkv)
+    adapted = None if lora is None else adapt_qkv(qkv, xb, lora, cfg)  # q, k, v += x A.T B.T
+    if adapted is not None:  # the frozen product: no dW, so its input need not be kept
+        qkv_cache = LinearCache(None, qkv_cache.w)
     qk, qk_norm = _normed_qk(qkv.reshape(B, S, w)[:, :, : dq + dkv], p, cfg)  # (B, S, dq + dkv)
     # q, k = rope(q), rope(k), all heads in one pass over the rows as the product left them:
     # a row's q and k columns are H + Hkv heads side by side, and the repeated tables give pair
@@ -226,12 +236,19 @@ def attention_block_forward(
     else:  # (decoding's weights are (S, P), one row per new position: the plain form)
         scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
         a, attention = causal_attention_forward(q, k, v, window, scale)  # (B, H, S, hd)
-    out, out_cache = linear_forward(merge_heads(a), p["wo"])  # (N, d)
+    am = merge_heads(a)  # (N, dq)
+    out, out_cache = linear_forward(am, p["wo"])  # (N, d)
+    if lora is not None and adapted is not None:
+        out_cache = LinearCache(None, out_cache.w)  # frozen wo
+        if "o" in lora.A:  # out += scale * (am @ A.T) @ B.T
+            delta, adapted["o"] = lora_forward(am, lora.A["o"], lora.B["o"], lora.scale)
+            out += delta
     post = None
     if cfg.post_norms:  # Gemma 3: the branch's output normalized before it joins the stream
-        out, post = rmsnorm_forward(out, p["rms_attn_post"], cfg.norm_eps, _offset(cfg))  # (N, d)
+        out, post = rmsnorm_forward(out, p["rms_attn_post"], cfg.norm_eps,
+                                    norm_offset(cfg))  # (N, d)
     return out, AttentionBlockCache(norm, qkv_cache, bias, qk_norm, rope, attention, out_cache,
-                                    post)
+                                    post, adapted)
 
 
 def _qk_grads(dqk: np.ndarray, pair: QKNormPair, grads: dict) -> None:
@@ -256,7 +273,10 @@ def attention_block_backward(
     if cache.post is not None:  # out = rmsnorm(out, rms_attn_post): the last step, first back
         dout, grads["rms_attn_post"] = rmsnorm_backward(dout, cache.post)  # (N, d), (d,)
     # out = merge_heads(a) @ wo
-    dam, dwo = linear_backward(dout, cache.out)  # (N, dq), (dq, d)
+    dam, dwo = linear_backward(dout, cache.out)  # (N, dq), (dq, d) (None when frozen)
+    if cache.lora and "o" in cache.lora:  # out += the adapter of wo: its dx adds to dam
+        dx, grads["lora_A.o"], grads["lora_B.o"] = lora_backward(dout, cache.lora["o"])
+        dam += dx
     da = split_heads(dam, B, S, H)  # (B, H, S, hd)
     # a = attention(q, k, v): dk and dv (B, Hkv, S, hd) sum the gradients of the query heads
     # that read each key/value head
@@ -282,6 +302,11 @@ def attention_block_backward(
         grads["bq"], grads["bk"], grads["bv"] = db[:dq], db[dq : dq + dkv], db[dq + dkv :]
     # qkv = xb @ [wq | wk | wv]: xb fans out to q, k and v, so dxb sums the three paths.
     dxb, dwqkv = linear_backward(dqkv, cache.qkv)  # (N, d), (d, dq + 2dkv)
+    if cache.lora is not None:  # frozen: the adapters' gradients alone; their dx add to dxb
+        lora_qkv_grads(dqkv, dxb, cache.lora, grads, dq, dkv)
+        dh, _ = rmsnorm_backward(dxb, cache.norm)  # (N, d)
+        return dh, grads
+    assert dwqkv is not None and dwo is not None  # trained: the products kept their inputs
     dwq, dwk, dwv = dwqkv[:, :dq], dwqkv[:, dq : dq + dkv], dwqkv[:, dq + dkv :]  # views
     # xb = rmsnorm(h, rms_attn)
     dh, drms = rmsnorm_backward(dxb, cache.norm)  # (N, d), (d,)
@@ -299,13 +324,15 @@ class SwiGLUBlockCache(NamedTuple):
 
 
 def swiglu_block_forward(
-    h: np.ndarray, p: dict, cfg: Config
+    h: np.ndarray, p: dict, cfg: Config, frozen: bool = False
 ) -> tuple[np.ndarray, SwiGLUBlockCache]:
     """The feed-forward branch of one layer: swiglu(rmsnorm(h, rms_ffn), w1, w3, w2).
 
     h is the stream (N, d), p the layer's parameters. Returns `(out, cache)`, out (N, d).
+    `frozen` (LoRA): no weight gradient will be asked for, so the cache keeps no input of a
+    weight's product.
     """
-    one = _offset(cfg)
+    one = norm_offset(cfg)
     x2b, norm = rmsnorm_forward(h, p["rms_ffn"], cfg.norm_eps, one)  # (N, d)
     ffn: SwiGLUCache | GeGLUCache
     if cfg.activation == "gelu_tanh":  # GeGLU (Gemma): the gate is GELU's tanh form
@@ -313,6 +340,8 @@ def swiglu_block_forward(
     else:
         out, ffn = swiglu_forward(x2b, p["w1"], p["w3"], p["w2"], p.get("w13"))  # (N, d); w13:
         # [w1 / 2, w3] when the caller stacked it once (decoding)
+        if frozen:  # no input of a weight's product, no stacked copy of the weights
+            ffn = ffn._replace(x=None, ha=None, w13=None, w1w3=(p["w1"], p["w3"]))
     post = None
     if cfg.post_norms:  # Gemma 3: the branch's output normalized before it joins the stream
         out, post = rmsnorm_forward(out, p["rms_ffn_post"], cfg.norm_eps, one)  # (N, d)
@@ -328,13 +357,15 @@ def swiglu_block_backward(
     if cache.post is not None:  # out = rmsnorm(out, rms_ffn_post): the last step, first back
         dout, post["rms_ffn_post"] = rmsnorm_backward(dout, cache.post)  # (N, d), (d,)
     # out = swiglu(x2b, w1, w3, w2), or geglu's
+    dws: list[np.ndarray | None]  # dw1, dw3, dw2: None when frozen (LoRA)
     if isinstance(cache.swiglu, GeGLUCache):
-        dx2b, dw1, dw3, dw2 = geglu_backward(dout, cache.swiglu)  # (N, d) and the three weights
+        dx2b, *dws = geglu_backward(dout, cache.swiglu)  # (N, d) and the three weights
     else:
-        dx2b, dw1, dw3, dw2 = swiglu_backward(dout, cache.swiglu)
+        dx2b, *dws = swiglu_backward(dout, cache.swiglu)
     # x2b = rmsnorm(h, rms_ffn)
     dh, drms = rmsnorm_backward(dx2b, cache.norm)  # (N, d), (d,)
-    return dh, {"rms_ffn": drms, "w1": dw1, "w3": dw3, "w2": dw2, **post}
+    weights = {k: g for k, g in zip(("w1", "w3", "w2"), dws, strict=True) if g is not None}
+    return dh, {"rms_ffn": drms, **weights, **post}
 
 
 # -- one layer: the two blocks and their residual connections --------------------------------
@@ -348,15 +379,15 @@ class LayerCache(NamedTuple):
 
 def layer_forward(
     h: np.ndarray, p: dict, cfg: Config, cos: np.ndarray, sin: np.ndarray,
-    past: PastKV | None = None, layer: int | None = None,
+    past: PastKV | None = None, layer: int | None = None, lora: LayerLora | None = None,
 ) -> tuple[np.ndarray, LayerCache]:
     """One layer on the stream h (N, d): each block reads it and adds its output back.
 
-    cos, sin (S, (d + dkv)/2), `past` (decoding) and `layer` (its index) as
-    `attention_block_forward` takes them."""
-    out, attn = attention_block_forward(h, p, cfg, cos, sin, past, layer)  # (N, d)
+    cos, sin (S, (d + dkv)/2), `past` (decoding), `layer` (its index) and `lora` (adapters,
+    the layer's weights frozen) as `attention_block_forward` takes them."""
+    out, attn = attention_block_forward(h, p, cfg, cos, sin, past, layer, lora)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection h + out (out is ours: its memory is reused)
-    out, ffn = swiglu_block_forward(h, p, cfg)  # (N, d)
+    out, ffn = swiglu_block_forward(h, p, cfg, lora is not None)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection
     return h, LayerCache(attn, ffn)
 
@@ -373,56 +404,6 @@ def layer_backward(
     dx, grads_attn = attention_block_backward(dh, cache.attn)
     dh = np.add(dh, dx, out=dx)
     return dh, {**grads_attn, **grads}
-
-
-# -- the head: final RMSNorm and output projection -----------------------------------------
-
-class HeadCache(NamedTuple):
-    """What `head_backward` needs."""
-
-    norm: RMSNormCache  # xf = rmsnorm(h, rms_final)
-    xf: np.ndarray  # (N, d) the input of the output projection: for dw_out = dlogits.T @ xf
-    w_out: np.ndarray  # (V, d) the output projection (wte when tied): for dxf = dlogits @ w_out
-    w_out_name: str  # "wte" when the embeddings are tied, else "lm_head": whose gradient it is
-
-
-def head_forward(h: np.ndarray, params: dict, cfg: Config) -> tuple[np.ndarray, HeadCache]:
-    """The top of the model on the stream h (N, d): logits (N, V) = rmsnorm(h) @ w_out.T."""
-    xf, norm = rmsnorm_forward(h, params["rms_final"], cfg.norm_eps, _offset(cfg))  # (N, d)
-    name = "wte" if cfg.tie_embeddings else "lm_head"
-    w_out = params[name]  # (V, d)
-    logits = np.matmul(xf, w_out.T, out=empty((xf.shape[0], w_out.shape[0]), xf.dtype))  # (N, V)
-    return logits, HeadCache(norm, xf, w_out, name)
-
-
-def head_backward(
-    dlogits: np.ndarray, cache: HeadCache
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The head in reverse: `(dh, grads)` given dlogits (N, V); grads holds rms_final and the
-    output projection's gradient (V, d), under "wte" when tied, else under "lm_head"."""
-    # logits = xf @ w_out.T: rules 1 and 2 of the notation page, with w_out transposed
-    dw_out = np.matmul(dlogits.T, cache.xf, out=empty_like(cache.w_out))  # (V, d)
-    dxf = np.matmul(dlogits, cache.w_out, out=empty_like(cache.xf))  # (N, d)
-    # xf = rmsnorm(h, rms_final)
-    dh, drms = rmsnorm_backward(dxf, cache.norm)  # (N, d), (d,)
-    return dh, {"rms_final": drms, cache.w_out_name: dw_out}
-
-
-# -- the embedding: h = s * wte[x] -----------------------------------------------------------
-
-def embed_scale(cfg: Config, dtype: np.dtype | type) -> float | None:
-    """The embedding's factor: sqrt(n_embd) rounded to `dtype` (Config.scale_embeddings, Gemma:
-    transformers casts it to the weights' dtype), or None (the factor one)."""
-    return float(np.dtype(dtype).type(cfg.n_embd ** 0.5)) if cfg.scale_embeddings else None
-
-
-def embed(params: dict, cfg: Config, x: np.ndarray) -> tuple[np.ndarray, EmbeddingCache]:
-    """The stream's start (B, S, d): wte[x], times `embed_scale` if the model scales it."""
-    h, cache = embedding_forward(params["wte"], x)  # (B, S, d) a new array: ours to scale
-    scale = embed_scale(cfg, h.dtype)
-    if scale is not None:
-        h *= h.dtype.type(scale)
-    return h, cache
 
 
 # -- the whole model -----------------------------------------------------------------------
@@ -442,17 +423,22 @@ class ModelCache(NamedTuple):
     layer_inputs: list[np.ndarray | None]  # (N, d) per layer, kept instead when recomputing
     head: HeadCache
     logits: np.ndarray  # (B, S, V): the loss is computed from them in `backward`
+    adapters: Adapters | None = None  # LoRA: the base frozen, gradients of the adapters alone
 
 
 def forward(
-    params: dict, cfg: Config, x: np.ndarray, recompute: bool = False
+    params: dict, cfg: Config, x: np.ndarray, recompute: bool = False,
+    adapters: Adapters | None = None,
 ) -> tuple[np.ndarray, ModelCache]:
     """Logits (B, S, V) for tokens `x` (B, S), and the cache that `backward` needs.
 
     With `recompute=True` the cache keeps only each layer's input (see `ModelCache`). See the
-    whole backward pass chapter.
+    whole backward pass chapter. `adapters` (LoRA, `model.adapters`): added to their
+    projections, the base frozen: the cache keeps nothing that only a base gradient needs.
     """
     dtype = check_params(params, cfg)
+    if adapters is not None:
+        check_adapters(adapters, cfg, dtype)
     x = check_tokens("x", x, cfg)
     B, S = x.shape
     cos, sin = qk_rope_tables(cfg, S, dtype)  # (S, (d + dkv)/2) each, shared by the layers
@@ -463,15 +449,17 @@ def forward(
     layer_inputs: list[np.ndarray | None] = []
     for l in range(cfg.n_layer):
         cl, sl = layer_tables(cfg, l, cos, sin)  # (S, (dq + dkv)/2) each
+        lora = None if adapters is None else layer_lora(adapters, l)
         if recompute:
             layer_inputs.append(h)
-            h, _ = layer_forward(h, layer_params(params, l), cfg, cl, sl, layer=l)
+            h, _ = layer_forward(h, layer_params(params, l), cfg, cl, sl, layer=l, lora=lora)
         else:
-            h, layer = layer_forward(h, layer_params(params, l), cfg, cl, sl, layer=l)
+            h, layer = layer_forward(h, layer_params(params, l), cfg, cl, sl, layer=l, lora=lora)
             layers.append(layer)
-    logits, head = head_forward(h, params, cfg)  # (N, V)
+    logits, head = head_forward(h, params, cfg, adapters is not None)  # (N, V)
     logits = logits.reshape(B, S, -1)  # (B, S, V)
-    return logits, ModelCache(x, embedding, cos, sin, layers, layer_inputs, head, logits)
+    return logits, ModelCache(x, embedding, cos, sin, layers, layer_inputs, head, logits,
+                              adapters)
 
 
 def _layer_cache(params: dict, cfg: Config, cache: ModelCache, l: int) -> LayerCache:
@@ -484,7 +472,8 @@ def _layer_cache(params: dict, cfg: Config, cache: ModelCache, l: int) -> LayerC
     if isinstance(kept, LayerCache):
         return kept
     cl, sl = layer_tables(cfg, l, cache.cos, cache.sin)  # recompute: layer l's forward again
-    return layer_forward(kept, layer_params(params, l), cfg, cl, sl, layer=l)[1]
+    lora = None if cache.adapters is None else layer_lora(cache.adapters, l)
+    return layer_forward(kept, layer_params(params, l), cfg, cl, sl, layer=l, lora=lora)[1]
 
 
 def backward(
@@ -513,8 +502,10 @@ def backward(
     loss, dlogits = softmax_cross_entropy(cache.logits, y, cfg.pad_token_id)  # (B, S, V)
     dh, grads = head_backward(dlogits.reshape(B * S, -1), cache.head)  # (N, d)
     del dlogits  # (B, S, V), read by nothing below: its memory can serve the layers' gradients
-    for name in layer_names(cfg):
-        grads[name] = empty_like(params[name])  # (L, ...) filled layer by layer
+    ad = cache.adapters
+    stacks = layer_names(cfg) if ad is None else tuple(adapter_shapes(cfg, ad.spec))
+    for name in stacks:  # (L, ...) filled layer by layer: the base's, or the adapters' alone
+        grads[name] = np.empty_like(ad.weights[name]) if ad else empty_like(params[name])
     for l in reversed(range(cfg.n_layer)):
         layer = _layer_cache(params, cfg, cache, l)
         dh, grads_l = layer_backward(dh, layer)
@@ -524,10 +515,13 @@ def backward(
         del layer
         if given:  # its memory serves the gradients that follow
             return_freed()
+        grads_l = {k: g for k, g in grads_l.items() if k in stacks}
         for name, g in grads_l.items():
             grads[name][l] = g
         if on_layer is not None:
             on_layer(l, grads_l)
+    if ad is not None:  # frozen base: the embedding's scatter-add is never made
+        return loss, grads
     scale = embed_scale(cfg, dh.dtype)
     if scale is not None:  # h = s * wte[x]: the gathered rows' gradient is s * dh
         dh *= dh.dtype.type(scale)
@@ -543,14 +537,16 @@ def backward(
 
 
 def loss_and_grads(
-    params: dict, cfg: Config, x: np.ndarray, y: np.ndarray, recompute: bool = False
+    params: dict, cfg: Config, x: np.ndarray, y: np.ndarray, recompute: bool = False,
+    adapters: Adapters | None = None,
 ) -> tuple[float, dict[str, np.ndarray]]:
-    """forward then backward: the mean loss and the gradient of every parameter.
+    """forward then backward: the mean loss and the gradient of every parameter (with
+    `adapters`, LoRA: of every adapter array, and of no base parameter).
 
     `recompute=True` keeps only each layer's input during the forward pass and recomputes the
     layer during the backward pass: less memory, one more forward pass, the same gradients.
     """
     if isinstance(x, np.ndarray):
         check_targets(y, x, cfg)  # before the forward pass, so a bad y costs nothing
-    _, cache = forward(params, cfg, x, recompute=recompute)
+    _, cache = forward(params, cfg, x, recompute=recompute, adapters=adapters)
     return backward(params, cfg, cache, y, release=True)  # the cache is ours alone

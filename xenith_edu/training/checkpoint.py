@@ -20,8 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from ..model import CharTokenizer, Config, param_shapes, tokenizer_of
+from ..model.adapters import Adapters, LoraSpec, adapter_shapes, merged
 from ..tools.boundedjson import MAX_BYTES, parse_json
 from ..tools.util import atomic_write, one_line
+from .config import TrainConfig
 
 FORMAT = "xenith-edu checkpoint 1"
 GROUPS = ("params", "m", "v")  # parameters, AdamW first and second moments
@@ -49,6 +51,11 @@ class Checkpoint:
     rng_state: dict
     train: dict = field(default_factory=dict)
     tokenizer_spec: str | None = None  # a BPE model's tokenizer.json text; None: characters
+    # A LoRA run's (its settings in `train`): `params` is then the model, each adapter merged
+    # into its weight, for every reader that runs the model; the trainer resumes from the
+    # frozen base and the adapters, kept apart (m and v are the adapters' moments alone)
+    base: dict[str, np.ndarray] | None = None
+    adapters: Adapters | None = None
 
     def tokenizer(self):
         """The run's tokenizer: characters of `vocab`, or BPE from `tokenizer_spec`."""
@@ -76,6 +83,18 @@ def generator_from_state(state: dict) -> np.random.Generator:
     return np.random.Generator(bitgen)
 
 
+def lora_of(train: dict) -> LoraSpec | None:
+    """The LoRA adapters a run's settings `train` ask for (None: the whole model trains); the
+    settings are read as `TrainConfig` reads them (ValueError/TypeError on a bad value)."""
+    keys = ("lora_rank", "lora_alpha", "lora_targets")
+    return TrainConfig().with_settings(**{k: train[k] for k in keys if k in train}).lora_spec()
+
+
+def moment_shapes(config: Config, lora: LoraSpec | None) -> dict[str, tuple[int, ...]]:
+    """The arrays the AdamW moments hold: the adapters' with LoRA, else every parameter's."""
+    return adapter_shapes(config, lora) if lora else param_shapes(config)
+
+
 def save_checkpoint(
     path: str | Path,
     params: dict[str, np.ndarray],
@@ -99,8 +118,12 @@ def save_checkpoint(
     moments = not (m is None and v is None)
     if moments and (m is None or v is None):
         raise ValueError("m and v must both be given, or both be None (weights alone)")
-    if m is not None and v is not None and (set(params) != set(m) or set(params) != set(v)):
-        raise ValueError("params, m and v must have the same keys")
+    lora = lora_of(train or {})  # LoRA: params holds the frozen base and the adapters, m and v
+    trained = set(moment_shapes(config, lora)) if lora else set(params)  # the adapters' alone
+    if m is not None and v is not None and (set(m) != trained or set(v) != trained
+                                            or not trained <= set(params)):
+        raise ValueError("m and v must have the adapters' keys, and params hold them (LoRA)"
+                         if lora else "params, m and v must have the same keys")
     name = type(rng.bit_generator).__name__
     if name not in _BIT_GENERATORS:
         raise ValueError(f"rng uses the bit generator {name}, whose state is not plain JSON: "
@@ -188,15 +211,26 @@ def load_checkpoint(path: str | Path, config: Config | None = None, *,
         raise _bad(path, f"is truncated or is not a xenith-edu checkpoint (no metadata): {_AGAIN}")
     meta = _read_meta(path, arrays.pop("meta"))
     stored, held = meta["config"], GROUPS if meta["moments"] else GROUPS[:1]
-    _check_arrays(path, arrays, names, param_shapes(stored), held)
+    base, lora = param_shapes(stored), meta["lora"]
+    shapes = {"params": {**base, **moment_shapes(stored, lora)} if lora else base,
+              "m": moment_shapes(stored, lora), "v": moment_shapes(stored, lora)}
+    _check_arrays(path, arrays, names, shapes, held)
     _check_sums(path, arrays, names, meta.get("checksums"))
     if config is not None and config != stored:
         raise _bad(path, f"is from another model config ({config_mismatch(stored, config)}): "
                          "resume with the settings it was trained with, or start a new run")
-    got = {g: {k: arrays[f"{g}/{k}"] for k in param_shapes(stored)} for g in GROUPS
-           if g in groups and g in held}
-    return Checkpoint(got["params"], got.get("m"), got.get("v"), meta["step"], stored,
-                      meta["vocab"], meta["rng_state"], meta["train"], meta.get("tokenizer"))
+    got = {g: {k: arrays[f"{g}/{k}"] for k in shapes[g]} for g in GROUPS
+           if g in groups and g in held}  # "params" always: groups holds it, every file too
+    params = got["params"]
+    frozen: dict[str, np.ndarray] | None = None
+    adapters: Adapters | None = None
+    if lora is not None:  # the model for its readers, the parts kept
+        frozen = {k: params[k] for k in base}
+        adapters = Adapters(lora, {k: params[k] for k in shapes["m"]})
+        params = merged(frozen, adapters)
+    return Checkpoint(params, got.get("m"), got.get("v"), meta["step"], stored,
+                      meta["vocab"], meta["rng_state"], meta["train"], meta.get("tokenizer"),
+                      frozen, adapters)
 
 
 def read_npz(path: Path, keep=lambda name: True) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -297,7 +331,13 @@ def _read_meta(path: Path, raw: np.ndarray) -> dict:
     moments = meta.get("moments", True)
     if not isinstance(moments, bool):
         raise _bad(path, f"has moments = {moments!r}, not true or false: the file is damaged")
-    return {**meta, "config": stored, "train": dict(train), "moments": moments}
+    try:
+        lora = lora_of(train)
+        if lora is not None:
+            adapter_shapes(stored, lora)  # a rank the model cannot hold, before any allocation
+    except (ValueError, TypeError) as e:
+        raise _bad(path, f"has damaged LoRA settings ({one_line(e)}): {_AGAIN}") from None
+    return {**meta, "config": stored, "train": dict(train), "moments": moments, "lora": lora}
 
 
 def _check_bpe(path: Path, spec: object, vocab: str, stored: Config) -> None:
@@ -315,10 +355,10 @@ def _check_bpe(path: Path, spec: object, vocab: str, stored: Config) -> None:
 
 
 def _check_arrays(path: Path, arrays: dict[str, np.ndarray], names: list[str],
-                  shapes: dict[str, tuple], held: tuple[str, ...]) -> None:
-    """The file holds exactly the arrays of `shapes` in each group it `held`; those read have
-    those shapes, one float dtype, and finite parameters."""
-    expected = {f"{g}/{k}" for g in held for k in shapes}
+                  shapes_of: dict[str, dict[str, tuple]], held: tuple[str, ...]) -> None:
+    """The file holds exactly the arrays of `shapes_of[group]` in each group it `held`; those
+    read have those shapes, one float dtype, and finite parameters."""
+    expected = {f"{g}/{k}" for g in held for k in shapes_of[g]}
     held_names = set(names) - {"meta"}
     missing, extra = sorted(expected - held_names), sorted(held_names - expected)
     if missing:
@@ -329,14 +369,14 @@ def _check_arrays(path: Path, arrays: dict[str, np.ndarray], names: list[str],
                          "damaged or from another version")
     dtype = arrays["params/wte"].dtype
     for key, a, shape in ((f"{g}/{k}", arrays[f"{g}/{k}"], shape) for g in held
-                          for k, shape in shapes.items() if f"{g}/{k}" in arrays):
+                          for k, shape in shapes_of[g].items() if f"{g}/{k}" in arrays):
         if a.shape != shape:
             raise _bad(path, f"has '{key}' of shape {a.shape}, but its config implies {shape}: "
                              "the file is damaged")
         if a.dtype != dtype or dtype.kind != "f":
             raise _bad(path, f"has '{key}' of dtype {a.dtype} and 'params/wte' of dtype "
                              f"{dtype}: all arrays must share one float dtype")
-    bad = [k for k in shapes if not np.isfinite(arrays[f"params/{k}"]).all()]
+    bad = [k for k in shapes_of["params"] if not np.isfinite(arrays[f"params/{k}"]).all()]
     if bad:
         raise _bad(path, f"has non-finite parameters {bad[:4]}: use an earlier checkpoint")
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..model import Config
+from ..model.adapters import LoraSpec
 
 VOCAB_FROM_TEXT = 1  # TrainConfig.model's vocab_size: the run's text sets it (model_config)
 PARALLEL = ("processes", "threads")  # TrainConfig.parallel: how the workers of a batch run
@@ -109,6 +110,12 @@ class TrainConfig:
     parallel: str = setting("processes", "loop", "how those workers run: processes (an "
                             "interpreter each, no lock between them: the faster) or threads (of "
                             "one interpreter); the same numbers either way")
+    lora_rank: int = setting(0, "fine-tuning", "LoRA: the rank of the adapters that train while "
+                             "the --init model stays frozen (0: full fine-tuning)")
+    lora_alpha: float = setting(16.0, "fine-tuning", "LoRA: each adapter's output is scaled by "
+                                "lora_alpha / lora_rank (peft's rule)")
+    lora_targets: str = setting("q,v", "fine-tuning", "LoRA: the projections that get an "
+                                "adapter, among q,k,v,o (comma-separated)")
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, Config):
@@ -145,6 +152,23 @@ class TrainConfig:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if not self.grad_clip > 0:
             raise ValueError(f"grad_clip must be positive, got {self.grad_clip}")
+        r = self.lora_rank
+        if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 0:
+            raise ValueError(f"lora_rank must be an integer >= 0, got {r!r}")
+        if not isinstance(self.lora_targets, str):
+            raise TypeError(f"lora_targets must be names joined by commas, got "
+                            f"{self.lora_targets!r}")
+        self.lora_spec(check=True)
+
+    def lora_spec(self, check: bool = False) -> LoraSpec | None:
+        """The run's LoRA adapters (None: full fine-tuning); with `check`, the alpha and the
+        targets are checked even at rank 0, so that a bad value is refused when it is given."""
+        names = tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
+        if self.lora_rank == 0:
+            if check:
+                LoraSpec(1, self.lora_alpha, names)
+            return None
+        return LoraSpec(int(self.lora_rank), self.lora_alpha, names)
 
     def __getattr__(self, name: str) -> Any:
         # called only for names that are not fields: the model's sizes read as the recipe's

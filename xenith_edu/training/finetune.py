@@ -12,9 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model import Config
+from ..model import Config, loss_and_grads
+from ..model.adapters import Adapters, LoraSpec, init_adapters
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import NOT_SETTINGS, TrainConfig
+from .step import evaluate
 
 RUN_OWN = ("seq_len", "attention", "flash_block")  # the model settings that stay the run's
 # The model settings a fine-tuning run takes from its checkpoint: every field of Config but the
@@ -82,4 +84,75 @@ def init_state(ckpt: Checkpoint, tc: TrainConfig
     return params, m, v, 0, np.random.default_rng(tc.seed + 1)
 
 
-__all__ = ["MODEL_FIELDS", "adopt_model", "check_init", "init_state", "load_init", "run_config"]
+def check_lora(tc: TrainConfig, ckpt: Checkpoint | None, base: Checkpoint | None,
+               data_parallel: bool) -> LoraSpec | None:
+    """The run's LoRA adapters, or None; ValueError, before anything is written, for a run
+    that cannot have them: no model to adapt, a resume that would change its adapters, MPI."""
+    lora = tc.lora_spec()
+    if ckpt is not None:  # a resume keeps what trains
+        had = ckpt.adapters.spec if ckpt.adapters is not None else None
+        if had != lora:
+            raise ValueError(f"the checkpoint trains {_what(had)}, the settings ask for "
+                             f"{_what(lora)}: a resumed run keeps its adapters; drop the "
+                             "--lora options")
+    elif lora is not None and base is None:
+        raise ValueError("--lora-rank needs a model to adapt: pass --init with a converted "
+                         "model or a run (LoRA adapts frozen weights; a new model has none "
+                         "worth keeping)")
+    if lora is not None and data_parallel:
+        raise ValueError("LoRA runs in one process (its products use the BLAS threads): run "
+                         "it without mpiexec")
+    return lora
+
+
+def _what(spec: LoraSpec | None) -> str:
+    return ("the whole model" if spec is None else
+            f"LoRA adapters of rank {spec.rank}, alpha {spec.alpha} on {','.join(spec.targets)}")
+
+
+def lora_state(lora: LoraSpec, tc: TrainConfig, cfg: Config, ckpt: Checkpoint | None,
+               base: Checkpoint | None) -> tuple[dict, dict, dict, dict, int,
+                                                 np.random.Generator]:
+    """The frozen base, the adapters (what trains), their AdamW moments, the start step and the
+    batch generator: a resumed run's as saved, or the `--init` model's weights with fresh
+    adapters (A drawn from the run's seed, B zero: the model starts as the base exactly)."""
+    if ckpt is not None:
+        assert ckpt.base is not None and ckpt.adapters is not None and ckpt.m and ckpt.v
+        return ckpt.base, ckpt.adapters.weights, ckpt.m, ckpt.v, ckpt.step, ckpt.rng()
+    assert base is not None
+    frozen = base.params  # never written: no gradient of it is made, AdamW never sees it
+    weights = init_adapters(cfg, lora, np.random.default_rng(tc.seed), np.float32).weights
+    m = {k: np.zeros_like(a) for k, a in weights.items()}
+    v = {k: np.zeros_like(a) for k, a in weights.items()}
+    return frozen, weights, m, v, 0, np.random.default_rng(tc.seed + 1)
+
+
+class LoraRun:
+    """A LoRA run's workers, in the trainer's terms: the loss and the adapters' gradients, and
+    the evaluation, of the frozen base with the adapters that train (the dict the loop updates).
+    One process: the products of a frozen layer use the BLAS threads."""
+
+    def __init__(self, frozen: dict[str, np.ndarray], lora: LoraSpec) -> None:
+        self.frozen, self.lora = frozen, lora
+
+    def loss_and_grads(self, params: dict, cfg: Config, x: np.ndarray, y: np.ndarray,
+                       recompute: bool = False) -> tuple[float, dict[str, np.ndarray]]:
+        return loss_and_grads(self.frozen, cfg, x, y, recompute, Adapters(self.lora, params))
+
+    def evaluate(self, params: dict, cfg: Config, x: np.ndarray, y: np.ndarray) -> float:
+        """The mean per-token loss over windows x, y (E, S) of the base with the adapters."""
+        return evaluate(self.frozen, cfg, x, y, adapters=Adapters(self.lora, params))
+
+    def saved(self, params: dict) -> dict[str, np.ndarray]:
+        """What the checkpoint holds: the frozen base and the adapters."""
+        return {**self.frozen, **params}
+
+    def shared(self, params: dict) -> dict:
+        return params
+
+    def close(self) -> None:
+        pass
+
+
+__all__ = ["MODEL_FIELDS", "LoraRun", "adopt_model", "check_init", "check_lora", "init_state",
+           "load_init", "lora_state", "run_config"]

@@ -17,10 +17,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..model import Config, init_params
+from ..model.adapters import Adapters, merged
 from ..model.tokenizer import Tokenizer
 from .config import TrainConfig
 from .data import get_batch, load_text, prepare_data
-from .finetune import check_init, init_state, load_init, run_config
+from .finetune import (
+    LoraRun,
+    check_init,
+    check_lora,
+    init_state,
+    load_init,
+    lora_state,
+    run_config,
+)
 from .optim import lr_at, zeros_like_params
 from .processes import ProcessShards, batch_shards
 from .rundir import check_start, locked
@@ -150,6 +159,18 @@ def train(
         return _train(tc, out_dir, resume, overwrite, init, progress, verbose, ranks, t_start)
 
 
+def _workers(tc: TrainConfig, ranks: DataParallel | None, lora: LoraRun | None, params: dict
+             ) -> tuple[LoraRun | ProcessShards | ThreadShards | None, dict, Callable, Callable]:
+    """Who computes each batch's gradients: MPI's ranks, or (ours to close at the end) LoRA's
+    one process, the base frozen apart, or processes or threads that share each batch; the
+    parameters as they read them, their loss_and_grads and evaluate."""
+    if ranks is not None:
+        return None, params, ranks.loss_and_grads, ranks.evaluate
+    shards = lora or batch_shards(tc.threads, tc.parallel)
+    params = shards.shared(params)  # worker processes read them where the loop updates them
+    return shards, params, shards.loss_and_grads, lora.evaluate if lora else evaluate
+
+
 def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, overwrite: bool,
            init: str | Path | None, progress: bool | None, verbose: bool,
            ranks: DataParallel | None, t_start: float) -> TrainResult:
@@ -159,17 +180,15 @@ def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, over
     if ranks is not None:
         ranks.ready(tc)  # every rank has passed the checks above
     write = ranks is None or ranks.is_root
-    params, m, v, start, rng = (init_state(base, tc) if base is not None
-                                else initial_state(tc, cfg, ckpt))  # params, optimizer, batches
+    lora = check_lora(tc, ckpt, base, ranks is not None)  # LoRA: the adapters alone train
+    if lora is None:
+        params, m, v, start, rng = (init_state(base, tc) if base is not None
+                                    else initial_state(tc, cfg, ckpt))  # params, optimizer,
+    else:  # batches; with LoRA the trainer's params are the adapters, the base frozen apart
+        frozen, params, m, v, start, rng = lora_state(lora, tc, cfg, ckpt, base)
     windows = eval_windows(train_ids, val_ids, tc.eval_batches * tc.batch_size, tc.seq_len)
-    shards: ProcessShards | ThreadShards | None = None
-    if ranks is None:  # processes or threads share each batch
-        shards = batch_shards(tc.threads, tc.parallel)
-        params = shards.shared(params)  # worker processes read them where the loop updates them
-        loss_fn = shards.loss_and_grads
-    else:  # MPI's ranks share it
-        loss_fn = ranks.loss_and_grads
-    evaluate_fn = ranks.evaluate if ranks else evaluate
+    run = LoraRun(frozen, lora) if lora else None
+    shards, params, loss_fn, evaluate_fn = _workers(tc, ranks, run, params)
     log = RunLog(out_dir, tc, cfg, tokenizer.vocab, start, resume, progress=progress,
                  verbose=verbose, write=write, tokenizer_spec=getattr(tokenizer, "spec", None))
     val_loss = train_loss = math.nan
@@ -182,7 +201,8 @@ def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, over
                 train_loss = math.nan if last is None else last
                 log.eval(step, val_loss, last)
                 if step > start:
-                    log.checkpoint(step, params, m, v, rng)
+                    kept = shards.saved(params) if isinstance(shards, LoraRun) else params
+                    log.checkpoint(step, kept, m, v, rng)
             if step == tc.steps:
                 break
             t0 = time.perf_counter()
@@ -200,6 +220,8 @@ def _train(tc: TrainConfig, out_dir: str | Path, resume: str | Path | None, over
             shards.close()  # the worker processes end with the run
         log.close(finished)
     ms, comm_ms = log.ms_per_step()
+    if lora is not None:  # the model: each adapter merged into its frozen weight
+        params = merged(frozen, Adapters(lora, params))
     return TrainResult(params, cfg, tc, tokenizer, tc.steps, val_loss, train_loss, ms,
                        time.perf_counter() - t_start, out_dir, comm_ms)
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..model import Config, forward, loss_and_grads
+from ..model.adapters import Adapters
 from ..softmax_ce import per_token_loss
 from .config import TrainConfig
 from .optim import adamw_step_, clip_by_global_norm
@@ -54,10 +55,12 @@ def train_step(params: Params, m: Params, v: Params, step: int, lr: float, cfg: 
     return loss, norm
 
 
-def evaluate(params: Params, cfg: Config, x: np.ndarray, y: np.ndarray, chunk: int = 48) -> float:
-    """Mean per-token loss over windows x, y (E, S), computed `chunk` windows at a time."""
+def evaluate(params: Params, cfg: Config, x: np.ndarray, y: np.ndarray, chunk: int = 48,
+             adapters: Adapters | None = None) -> float:
+    """Mean per-token loss over windows x, y (E, S), computed `chunk` windows at a time (with
+    LoRA `adapters` on the frozen `params`, if given)."""
     total = 0.0
     for i in range(0, len(x), chunk):
-        logits, _ = forward(params, cfg, x[i:i + chunk])  # (chunk, S, V)
+        logits, _ = forward(params, cfg, x[i:i + chunk], adapters=adapters)  # (chunk, S, V)
         total += float(per_token_loss(logits, y[i:i + chunk]).sum(dtype=np.float64))
     return total / y.size
