@@ -361,6 +361,7 @@ ALIBI = Spec(
     reference_name="xenith_edu.exercises.torch.alibi_slopes_grad",
     arg_names=("dout", "q", "k", "v", "slopes"),
     out_names=("dslopes",),
+    may_call=("xenith_edu.attention.causal_mask",),  # the mask, as the chapter builds it
     kinds=("array",),
     reference=lambda dout, q, k, v, slopes: (alibi_slopes_grad(dout, q, k, v, slopes),),
     cases=_alibi_cases,
