@@ -288,6 +288,7 @@ _SENTINEL = r"""
 import os, sys, time
 said = sys.stdin.buffer.read()
 if said.endswith(b"!"):  # the rank reported an error itself, and claimed the marker
+    os.close(2)  # nothing to say: the launcher waits for no stream of ours
     time.sleep(10)
     os.unlink(sys.argv[2])
 if said:
@@ -297,6 +298,7 @@ try:
 except OSError:
     sys.exit(0)
 os.write(2, sys.argv[1].encode() + b"\n")
+os.close(2)  # said: the launcher, which waits for every stream it hands out, need not wait
 time.sleep(10)  # the launcher kills the other ranks meanwhile: their sentinels find the marker
 os.unlink(sys.argv[2])
 """
