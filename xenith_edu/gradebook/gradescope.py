@@ -183,8 +183,8 @@ def _digest(data: bytes) -> str:
 def _entry(path: str, mode: int = 0o644) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(path, date_time=(2020, 1, 1, 0, 0, 0))  # the same bytes each time
     info.external_attr = (0o100000 | mode) << 16
-    info.compress_type = zipfile.ZIP_DEFLATED
-    return info
+    info.compress_type = zipfile.ZIP_STORED if path.endswith(".whl") else zipfile.ZIP_DEFLATED
+    return info  # (a wheel is a zip already: deflating it again costs time and saves nothing)
 
 
 def _dist(dist: Path | None) -> tuple[str, bytes]:
