@@ -78,6 +78,17 @@ def python(code: str, env: dict[str, str] | None, cwd: Path, *args: str,
                           capture_output=True, timeout=timeout)
 
 
+def fake_jupyterlab(tmp_path: Path, main: str) -> dict[str, str]:
+    """The environment of a Python whose `jupyterlab` is a stand-in running `main`."""
+    fake = tmp_path / "fake" / "jupyterlab"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "__main__.py").write_text(main)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(fake.parent)
+    return env
+
+
 def xenith(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "xenith_edu", *args], env=env, cwd=cwd,
                           text=True, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
@@ -398,12 +409,7 @@ print(json.dumps(sys.argv[1:]))
 
 
 def test_lab_writes_the_chapters_then_opens_jupyterlab_on_them(tmp_path) -> None:
-    fake = tmp_path / "fake" / "jupyterlab"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake / "__main__.py").write_text(FAKE_LAB)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(fake.parent)
+    env = fake_jupyterlab(tmp_path, FAKE_LAB)
     ran = xenith(env, tmp_path, "lab", "--out", "mine", "--allow-root")
     assert ran.returncode == 0, ran.stderr
     wrote, opened = ran.stdout.splitlines()
@@ -513,12 +519,7 @@ time.sleep(60)
 
 
 def test_ctrl_c_in_lab_is_jupyterlabs_to_handle(tmp_path) -> None:
-    fake = tmp_path / "fake" / "jupyterlab"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake / "__main__.py").write_text(FAKE_LAB_CTRL_C)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(fake.parent)
+    env = fake_jupyterlab(tmp_path, FAKE_LAB_CTRL_C)
     lab = subprocess.Popen([sys.executable, "-m", "xenith_edu", "lab", "--out", "mine"],
                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, start_new_session=True)
