@@ -142,11 +142,40 @@ NARROW = {
                    "sliding_window": 4, "sliding_window_pattern": 2},
 }
 
+# Windows by each family's own switch, beside the published files (which switch them off):
+# Qwen2.5 from max_window_layers on, Qwen3 by layer_types, SmolLM3 on its layers without RoPE
+WINDOWED = {"Qwen2.5-0.5B windowed": QWEN2_5_0_5B, "Qwen3-0.6B windowed": QWEN3_0_6B,
+            "SmolLM3-3B windowed": SMOLLM3_3B}
+NARROW.update({
+    "Qwen2.5-0.5B windowed": {**NARROW["Qwen2.5-0.5B"], "use_sliding_window": True,
+                              "sliding_window": 4, "max_window_layers": 1},
+    "Qwen3-0.6B windowed": {**NARROW["Qwen3-0.6B"], "use_sliding_window": True,
+                            "sliding_window": 3,
+                            "layer_types": ["sliding_attention", "full_attention"]},
+    "SmolLM3-3B windowed": {**NARROW["SmolLM3-3B"], "use_sliding_window": True,
+                            "sliding_window": 5},
+})
+
 TODAY = {"SmolLM-135M": SMOLLM_135M, "SmolLM2-135M": SMOLLM2_135M,
          "SmolLM2-360M": SMOLLM2_360M, "TinyLlama-1.1B": TINYLLAMA}
 
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
         "First Citizen:\nYou are all resolved rather to die than to famish?\n") * 12
+
+
+def their_windows(cfg) -> list[int | None]:
+    """Each layer's window as transformers' model of the family reads its config (None: the
+    layer sees every earlier position): Mistral's attention takes config.sliding_window on every
+    layer; Qwen2's, Qwen3's and Gemma 3's on the layers layer_types calls sliding_attention;
+    SmolLM3's there once use_sliding_window is on; LLaMA's never."""
+    L, kind = cfg.num_hidden_layers, cfg.model_type
+    if kind == "llama":
+        return [None] * L
+    if kind == "mistral":
+        return [cfg.sliding_window] * L
+    on = kind != "smollm3" or cfg.use_sliding_window
+    return [cfg.sliding_window if on and t == "sliding_attention" else None
+            for t in cfg.layer_types]
 
 
 def bpe_json(vocab: int = 120) -> str:

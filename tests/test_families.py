@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
+import families  # noqa: E402
 from families import NARROW, NEW, SMOLLM_135M, TEXT, TODAY, bpe_json, tiny_folder  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -24,6 +25,7 @@ from hypothesis import strategies as st  # noqa: E402
 from xenith_edu.cli import build_parser, main  # noqa: E402
 from xenith_edu.cli.settings import UsageError, init_train_config  # noqa: E402
 from xenith_edu.model import Config, forward  # noqa: E402
+from xenith_edu.model.config import window_of  # noqa: E402
 from xenith_edu.model.hf import config_from_hf, config_to_hf  # noqa: E402
 from xenith_edu.training.checkpoint import load_checkpoint  # noqa: E402
 from xenith_edu.training.finetune import MODEL_FIELDS, RUN_OWN  # noqa: E402
@@ -35,17 +37,21 @@ def run(argv, capsys):
     return rc, out, err
 
 
+def some_layers(n_layer: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """Some of the layers, not all: the global ones beside a window."""
+    return st.lists(st.integers(0, n_layer - 1), unique=True, max_size=n_layer - 1).map(
+        lambda ls: tuple(sorted(ls)))
+
+
 def gemma(n_layer: int, window: int | None) -> st.SearchStrategy[dict]:
     """Gemma 3's fields: its four fixed pieces, its gate, the scores' scale, the global layers
     and the local RoPE when there is a window."""
-    some = st.lists(st.integers(0, n_layer - 1), unique=True, max_size=n_layer - 1).map(
-        lambda ls: tuple(sorted(ls)))
     return st.fixed_dictionaries({
         "qk_norm": st.just(True), "norm_plus_one": st.just(True), "post_norms": st.just(True),
         "scale_embeddings": st.just(True), "family": st.just("gemma3_text"),
         "activation": st.sampled_from(["gelu_tanh", "silu"]),
         "query_pre_attn_scalar": st.none() | st.integers(1, 512),
-        "global_layers": some if window else st.just(()),
+        "global_layers": some_layers(n_layer) if window else st.just(()),
         "local_rope_theta": st.none() | st.floats(1.0, 1e6) if window else st.just(None)})
 
 
@@ -71,6 +77,7 @@ def models(draw) -> Config:
                   **draw(gemma(L, window) | st.fixed_dictionaries({
                       "qkv_bias": st.booleans(), "qk_norm": st.booleans(),  # any mix
                       "nope_layers": st.sampled_from([(), (0,)]),
+                      "global_layers": some_layers(L) if window else st.just(()),
                       "family": st.sampled_from(["llama", "qwen2", "qwen3", "mistral",
                                                  "smollm3"])})),
                   n_kv_head=hkv, n_layer=L,
@@ -115,29 +122,29 @@ def test_init_takes_the_whole_architecture_from_the_checkpoint(model, preset, da
 @settings(max_examples=100, deadline=None)
 @given(model=models())
 def test_config_json_round_trip_is_the_identity(model):
-    """config_to_hf then config_from_hf gives the model back, special tokens included, as the
-    one family that has what it has; a mix that no family has is one ValueError naming it."""
-    from xenith_edu.model.hf.layout import FAMILY_OF, gemma_marks, writing_family
+    """config_to_hf then config_from_hf gives the model back, special tokens included, as a
+    family that has what it has, and transformers' own config of that file windows the same
+    layers by the same width; a mix that no family has is one ValueError naming it. The
+    families, as transformers builds them: q, k, v biases only in Qwen2 (always there), QK-norm
+    only in Qwen3 (always) and Gemma 3, layers without RoPE only in SmolLM3, a window on some
+    layers in Qwen2, Qwen3, SmolLM3 and Gemma 3, on all of them in Mistral too."""
+    from xenith_edu.model.hf.layout import gemma_marks
 
-    if gemma_marks(model):  # Gemma 3 holds it, or one line names what it cannot
-        try:
-            family = writing_family(model)
-        except ValueError as e:
-            assert "no Hugging Face family has" in str(e) and "\n" not in str(e)
-            return
-        back = config_from_hf(json.loads(json.dumps(config_to_hf(model))))
-        assert back == replace(model, attention="plain", flash_block=64, family=family)
+    pieces = [k for k in ("qkv_bias", "qk_norm", "nope_layers") if getattr(model, k)]
+    try:
+        hf = json.loads(json.dumps(config_to_hf(model)))
+    except ValueError as e:
+        assert "no Hugging Face family has" in str(e) and "\n" not in str(e)
+        assert gemma_marks(model) or len(pieces) > 1, e
         return
-    has = [k for k in FAMILY_OF if getattr(model, k)]
-    if len(has) > 1:
-        with pytest.raises(ValueError, match=" and | ".join(has[:1])):
-            config_to_hf(model)
-        return
-    hf = json.loads(json.dumps(config_to_hf(model)))
-    family = FAMILY_OF[has[0]] if has else writing_family(model)
-    assert family in (model.family, "llama") or has
+    assert gemma_marks(model) or len(pieces) <= 1
+    family = hf["model_type"]
+    assert model.family == family or pieces or gemma_marks(model) or family in (
+        "llama", "mistral") or model.global_layers
     assert config_from_hf(hf) == replace(model, attention="plain", flash_block=64,
                                          family=family)
+    theirs = transformers.AutoConfig.for_model(**hf)
+    assert families.their_windows(theirs) == [window_of(model, l) for l in range(model.n_layer)]
 
 
 @pytest.fixture(scope="module")
@@ -260,3 +267,38 @@ def test_fuzzed_family_config_is_read_or_refused_in_one_line(family, changes):
         assert "no Hugging Face family has" in str(e)
         return
     assert replace(back, family=cfg.family) == cfg
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_any_window_switch_reads_as_transformers_reads_it(data):
+    """Whatever a config.json of a windowing family says of its windows (use_sliding_window,
+    sliding_window, max_window_layers, layer_types, no_rope_layers, each present or not), the
+    book's model windows exactly the layers transformers' own config of that file does, by the
+    same width, or one ValueError line names a field (transformers refusing it too, or a mix the
+    book's model cannot hold)."""
+    name = data.draw(st.sampled_from(["Qwen2.5-0.5B", "Qwen3-0.6B", "SmolLM3-3B",
+                                      "Mistral-7B-v0.1", "Llama-3.2-1B"]))
+    L = data.draw(st.integers(1, 5))
+    hf = {**NEW[name], "num_hidden_layers": L}
+    for key in ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
+                "no_rope_layers"):
+        hf.pop(key, None)
+    types = st.sampled_from(["sliding_attention", "full_attention"])
+    drawn = data.draw(st.fixed_dictionaries({}, optional={
+        "use_sliding_window": st.booleans(), "sliding_window": st.none() | st.integers(1, 9),
+        "max_window_layers": st.integers(0, L + 1),
+        "layer_types": st.lists(types, min_size=L, max_size=L),
+        "no_rope_layers": st.lists(st.sampled_from([0, 1]), min_size=L, max_size=L)}))
+    if data.draw(st.booleans()):  # switched on, so that the rule of each family is at work
+        drawn.update(use_sliding_window=True, sliding_window=data.draw(st.integers(1, 9)))
+    if hf["model_type"] == "mistral":
+        drawn.pop("layer_types", None)  # transformers' Mistral warns and ignores them
+    hf.update(drawn)
+    try:
+        ours = config_from_hf(json.loads(json.dumps(hf)))
+    except ValueError as e:
+        assert "\n" not in str(e) and "config.json" in str(e) or "'" in str(e), e
+        return
+    theirs = transformers.AutoConfig.for_model(**json.loads(json.dumps(hf)))
+    assert [window_of(ours, l) for l in range(L)] == families.their_windows(theirs)

@@ -14,14 +14,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from families import NARROW, NEW, SMOLLM_135M, reduced, tiny_model  # noqa: E402
+import families  # noqa: E402
+from families import NARROW, NEW, SMOLLM_135M, WINDOWED, reduced, tiny_model  # noqa: E402
 from hf_exact import assert_grads_match, exact_models  # noqa: E402
 
 from xenith_edu.model import forward, loss_and_grads  # noqa: E402
+from xenith_edu.model.config import window_of  # noqa: E402
 from xenith_edu.model.hf import read_hf, write_hf  # noqa: E402
 
 V = 40
-ALL = {**NEW, "SmolLM-135M": SMOLLM_135M}
+ALL = {**NEW, **WINDOWED, "SmolLM-135M": SMOLLM_135M}
 
 
 def narrow(family: str) -> dict:
@@ -36,6 +38,9 @@ def test_float64_logits_and_every_gradient_match_transformers(tmp_path, rng, fam
     m.save_pretrained(tmp_path / "hf")
     model = read_hf(tmp_path / "hf", np.float64)
     assert model.config.family == ALL[family]["model_type"]
+    windows = [window_of(model.config, l) for l in range(model.config.n_layer)]
+    assert windows == families.their_windows(m.config)  # the same layers, by the same width
+    assert (family in WINDOWED) <= any(w is not None and w < 12 for w in windows)  # it bites
     x, y = rng.integers(0, V, (2, 12)), rng.integers(0, V, (2, 12))
     pad = model.config.pad_token_id  # Gemma's 0: out of our loss, so out of theirs
     with exact_models():

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import Config
+from ..config import Config, window_of
 from ..params import param_shapes
 
 INT_FIELDS = {"vocab_size": "vocab_size", "hidden_size": "n_embd",
@@ -100,24 +100,68 @@ def _nope_layers(hf: dict, n_layer: int) -> tuple[int, ...]:
     return tuple(l for l, f in enumerate(flags) if f == 0)
 
 
+def _layer_types(hf: dict, n_layer: int, default: list[str]) -> list[str]:
+    """config.json's layer_types (one of sliding_attention, full_attention per layer), or the
+    family's `default` where the file has none; ValueError naming the field otherwise."""
+    types = hf.get("layer_types")
+    if types is None:
+        return default
+    if not isinstance(types, list) or len(types) != n_layer or any(
+            t not in ("sliding_attention", "full_attention") for t in types):
+        raise _refuse("layer_types", types, f"expected {n_layer} of sliding_attention and "
+                                            "full_attention")
+    return types
+
+
+def _windows(hf: dict, kind: str, n_layer: int) -> dict[str, Any]:
+    """Which layers see a window, by transformers' rule for each family: Mistral's every layer
+    (sliding_window set); Qwen2's and Qwen3's the layers from max_window_layers on, SmolLM3's
+    the layers without RoPE, once use_sliding_window is true (layer_types, where the file has
+    it, names them). As the book's model holds it: the window, and the layers without it."""
+    if kind == "llama":
+        _flag(hf, "use_sliding_window", False, "LlamaForCausalLM has no windowed layers")
+        return {"sliding_window": None, "global_layers": ()}
+    if kind == "mistral":  # transformers' Mistral reads no layer_types: every layer or none
+        window = None if hf.get("sliding_window", 4096) is None else _int(hf, "sliding_window",
+                                                                          4096)
+        _layer_types(hf, n_layer, [])
+        types = ["sliding_attention" if window else "full_attention"] * n_layer
+        if hf.get("layer_types") not in (None, types):
+            raise _refuse("layer_types", hf["layer_types"], "MistralForCausalLM windows every "
+                                                            "layer or none")
+    else:
+        _flag(hf, "use_sliding_window", True, "")
+        silent = None if kind == "smollm3" else 4096  # transformers' where the file says none
+        on = hf.get("use_sliding_window", False) and hf.get("sliding_window", silent) is not None
+        window = _int(hf, "sliding_window", silent) if on else None
+        if kind == "smollm3":
+            nope = set(_nope_layers(hf, n_layer))
+            default = ["sliding_attention" if on and l in nope else "full_attention"
+                       for l in range(n_layer)]
+        else:
+            first = hf.get("max_window_layers", 28)  # 0: every layer windowed
+            if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+                raise _refuse("max_window_layers", first, "expected an int >= 0")
+            default = ["sliding_attention" if on and l >= first else "full_attention"
+                       for l in range(n_layer)]
+        types = _layer_types(hf, n_layer, default)
+    windowed = [l for l, t in enumerate(types) if t == "sliding_attention" and window]
+    if not windowed:
+        return {"sliding_window": None, "global_layers": ()}
+    return {"sliding_window": window,
+            "global_layers": tuple(l for l in range(n_layer) if l not in windowed)}
+
+
 def _family(hf: dict, kind: str, n_layer: int) -> dict[str, Any]:
-    """What the family adds: Qwen2.5's q, k, v biases, Qwen3's QK-norm, Mistral's window; and
-    the fields it would need that the book's model has not, refused by name."""
+    """What the family adds: Qwen2.5's q, k, v biases, Qwen3's QK-norm, the windows, SmolLM3's
+    layers without RoPE; and the fields it would need that the book's model has not, refused
+    by name."""
     _flag(hf, "mlp_bias", False, "the book's SwiGLU has no bias terms")
     _flag(hf, "attention_bias", False, "the book's attention has no bias on its output "
           "projection (Qwen2.5's biases on q, k and v only are read as model_type qwen2)")
-    _flag(hf, "use_sliding_window", False, f"{kind}'s windowed layers (after max_window_layers) "
-          "are not in the book's model: only every layer windowed (mistral) or none")
-    window = hf.get("sliding_window") if kind == "mistral" else None
-    if window is not None:
-        window = _int(hf, "sliding_window")
-    layers = hf.get("layer_types")
-    want = "sliding_attention" if window is not None else "full_attention"
-    if layers is not None and (not isinstance(layers, list) or any(t != want for t in layers)):
-        raise _refuse("layer_types", layers, f"every layer must be {want} here")
     nope = _nope_layers(hf, n_layer) if kind == "smollm3" else ()
-    return {"qkv_bias": kind == "qwen2", "qk_norm": kind == "qwen3", "sliding_window": window,
-            "nope_layers": nope}
+    return {"qkv_bias": kind == "qwen2", "qk_norm": kind == "qwen3", "nope_layers": nope,
+            **_windows(hf, kind, n_layer)}
 
 
 GEMMA_ACT = {"gelu_pytorch_tanh": "gelu_tanh", "silu": "silu"}  # hidden_activation -> ours
@@ -153,17 +197,11 @@ def _gemma_rope(hf: dict) -> dict:
 def _gemma_layers(hf: dict, n_layer: int) -> dict:
     """The window and the global layers: layer_types, or every sliding_window_pattern-th layer
     global (6 by default), as transformers makes them; every layer global: no window."""
-    types = hf.get("layer_types")
-    if types is None:
-        key = "_sliding_window_pattern" if "_sliding_window_pattern" in hf else \
-            "sliding_window_pattern"
-        every = _int(hf, key, 6)
-        types = ["sliding_attention" if (l + 1) % every else "full_attention"
-                 for l in range(n_layer)]
-    if not isinstance(types, list) or len(types) != n_layer or any(
-            t not in ("sliding_attention", "full_attention") for t in types):
-        raise _refuse("layer_types", types, f"expected {n_layer} of sliding_attention and "
-                                            "full_attention")
+    key = "_sliding_window_pattern" if "_sliding_window_pattern" in hf else \
+        "sliding_window_pattern"
+    every = _int(hf, key, 6) if hf.get("layer_types") is None else 1
+    types = _layer_types(hf, n_layer, ["sliding_attention" if (l + 1) % every else
+                                       "full_attention" for l in range(n_layer)])
     full = tuple(l for l, t in enumerate(types) if t == "full_attention")
     if len(full) == n_layer:
         return {"sliding_window": None, "global_layers": ()}
@@ -250,14 +288,20 @@ def config_from_hf(hf: object) -> Config:
         raise ValueError(f"config.json describes a model the book's cannot be: {e}") from None
 
 
-# what each family has that the others have not: a model with one of these is that family's
-FAMILY_OF = {"qkv_bias": "qwen2", "qk_norm": "qwen3", "sliding_window": "mistral",
-             "nope_layers": "smollm3"}
+# what each family besides Gemma 3 can hold of the pieces the book's model has (a window with
+# global layers beside it is "layer windows"), and what it always has: Qwen2's attention always
+# has biases on q, k and v, Qwen3's always QK-norm; the first family that can hold a model is
+# its writing family unless its own can
+HOLDS = {"llama": (), "mistral": ("sliding_window",),
+         "smollm3": ("nope_layers", "sliding_window", "layer windows"),
+         "qwen2": ("qkv_bias", "sliding_window", "layer windows"),
+         "qwen3": ("qk_norm", "sliding_window", "layer windows")}
+ALWAYS = {"qwen2": "qkv_bias", "qwen3": "qk_norm"}
 
 
 # what only Gemma 3 has, and what a gemma3_text always has
 GEMMA_MARKS = ("norm_plus_one", "post_norms", "scale_embeddings", "query_pre_attn_scalar",
-               "global_layers", "local_rope_theta", "activation")
+               "local_rope_theta", "activation")
 GEMMA_ALWAYS = ("norm_plus_one", "post_norms", "scale_embeddings", "qk_norm")
 
 
@@ -289,15 +333,15 @@ def writing_family(cfg: Config) -> str:
     if marks:
         _gemma_can_hold(cfg, marks)
         return "gemma3_text"
-    has = [k for k in FAMILY_OF if getattr(cfg, k)]
-    needs = {FAMILY_OF[k] for k in has}
-    if len(needs) > 1:
+    has = [k for k in ("qkv_bias", "qk_norm", "nope_layers", "sliding_window") if getattr(cfg, k)]
+    if cfg.global_layers:
+        has.append("layer windows")
+    can = [f for f, holds in HOLDS.items()
+           if set(has) <= set(holds) and getattr(cfg, ALWAYS.get(f, "n_layer"))]
+    if not can:
         raise ValueError(f"no Hugging Face family has all of {', '.join(has)}: this model "
                          "cannot be written as a transformers folder")
-    if needs:
-        return needs.pop()
-    return cfg.family if cfg.family in ("llama", "mistral") else "llama"  # a qwen2 without
-    # biases or a qwen3 without QK-norm is a LLaMA: those families always have them
+    return cfg.family if cfg.family in can else can[0]
 
 
 def _gemma_to_hf(cfg: Config, scaling: dict | None) -> dict:
@@ -328,12 +372,14 @@ def config_to_hf(cfg: Config) -> dict:
            "tie_word_embeddings": cfg.tie_embeddings, "rms_norm_eps": cfg.norm_eps,
            "rope_theta": cfg.rope_theta, "rope_scaling": scaling,
            "torch_dtype": "float32", **token_ids(cfg)}
+    windowed = [window_of(cfg, l) is not None for l in range(cfg.n_layer)]
+    if family in ("smollm3", "qwen2", "qwen3"):  # the windowed layers named one by one
+        out.update(use_sliding_window=any(windowed), sliding_window=cfg.sliding_window,
+                   max_window_layers=windowed.index(True) if any(windowed) else cfg.n_layer,
+                   layer_types=["sliding_attention" if w else "full_attention"
+                                for w in windowed])
     if family == "smollm3":
-        out.update(use_sliding_window=False, sliding_window=None,
-                   no_rope_layers=[int(l not in cfg.nope_layers) for l in range(cfg.n_layer)])
-    if family in ("qwen2", "qwen3"):
-        out.update(use_sliding_window=False, sliding_window=None,
-                   max_window_layers=cfg.n_layer)
+        out["no_rope_layers"] = [int(l not in cfg.nope_layers) for l in range(cfg.n_layer)]
     if family == "mistral":
         out["sliding_window"] = cfg.sliding_window
     if family == "gemma3_text":
