@@ -27,6 +27,7 @@ from xenith_edu.cli.settings import UsageError, init_train_config  # noqa: E402
 from xenith_edu.model import Config, forward  # noqa: E402
 from xenith_edu.model.config import window_of  # noqa: E402
 from xenith_edu.model.hf import config_from_hf, config_to_hf  # noqa: E402
+from xenith_edu.model.hf.layout import INT_FIELDS  # noqa: E402
 from xenith_edu.training.checkpoint import load_checkpoint  # noqa: E402
 from xenith_edu.training.finetune import MODEL_FIELDS, RUN_OWN  # noqa: E402
 
@@ -302,3 +303,81 @@ def test_any_window_switch_reads_as_transformers_reads_it(data):
         return
     theirs = transformers.AutoConfig.for_model(**json.loads(json.dumps(hf)))
     assert [window_of(ours, l) for l in range(L)] == families.their_windows(theirs)
+
+
+def their_sizes(t) -> dict:
+    """What transformers' config object of a file makes of the sizes and constants the book's
+    model has (its defaults filling what the file leaves out)."""
+    rope = t.rope_parameters
+    rope = rope.get("full_attention", rope)  # Gemma 3: the global layers'
+    nope = getattr(t, "no_rope_layers", None) if t.model_type == "smollm3" else None
+    return {"n_embd": t.hidden_size, "n_layer": t.num_hidden_layers,
+            "n_head": t.num_attention_heads, "n_kv_head": t.num_key_value_heads,
+            "head_dim": getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
+            "ffn_hidden": t.intermediate_size, "vocab_size": t.vocab_size,
+            "norm_eps": t.rms_norm_eps, "tie_embeddings": t.tie_word_embeddings,
+            "rope_theta": float(rope["rope_theta"]),
+            "nope_layers": tuple(l for l, f in enumerate(nope or []) if not f),
+            "windows": families.their_windows(t),
+            **{k: in_table(getattr(t, k), t.vocab_size) for k in ("pad_token_id", "bos_token_id",
+                                                                   "eos_token_id")}}
+
+
+def in_table(ids, V: int):
+    """A special token's id (the end's may be several) as the book keeps it: None unless every
+    id names a row of the table."""
+    many = isinstance(ids, list)
+    ok = all(isinstance(i, int) and 0 <= i < V for i in (ids if many else [ids]))
+    return (tuple(ids) if many else ids) if ok and ids != [] else None
+
+
+OUR_NAME = {"num_key_value_heads": "n_kv_head", "head_dim": "head_dim"}
+
+
+def reads_as_transformers(hf: dict, dropped: set[str]) -> bool:
+    """The book's model of config.json `hf` has every size, constant, window and special token
+    that transformers' config object of it has (True), or the file is refused in one line
+    naming a field left out, by its name or the model's (False)."""
+    try:
+        ours = config_from_hf(json.loads(json.dumps(hf)))
+    except ValueError as e:
+        assert "\n" not in str(e) and any(k in str(e) or OUR_NAME.get(k, "\0") in str(e)
+                                          for k in dropped), e
+        return False
+    theirs = their_sizes(transformers.AutoConfig.for_model(**json.loads(json.dumps(hf))))
+    mine = {k: getattr(ours, k) for k in theirs if k != "windows"}
+    mine["windows"] = [window_of(ours, l) for l in range(ours.n_layer)]
+    assert mine == theirs, dropped
+    return True
+
+
+def four_layers(published: dict) -> dict:
+    """A published file cut to four layers, its lists of one entry a layer cut with it."""
+    return {**published, "num_hidden_layers": 4,
+            **{k: published[k][:4] for k in ("no_rope_layers", "layer_types") if k in published}}
+
+
+@pytest.mark.parametrize("name", list(NEW))
+def test_a_field_the_file_leaves_out_reads_as_transformers_default(name):
+    """A config.json may leave out any field its family's config class has a default for: the
+    book's model then takes transformers' default of that family (Qwen3's head width of 128,
+    SmolLM3's tied embeddings and RoPE base, Mistral's 8 key/value heads and window of 4096,
+    ...), or refuses the file in one line naming the field. Every field of every published
+    file left out, one at a time."""
+    published = four_layers(NEW[name])
+    refused = {key for key in sorted(set(published) - {"model_type"})
+               if not reads_as_transformers({k: v for k, v in published.items() if k != key},
+                                            {key})}
+    # refused: a size (transformers' default sizes are LLaMA-7B's, not this model's) or Qwen's
+    # default of 32 key/value heads, more than the file's query heads
+    assert refused <= set(INT_FIELDS) | {"num_key_value_heads"}, refused
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(list(NEW)), data=st.data())
+def test_fields_left_out_together_read_as_transformers_defaults(name, data):
+    """As above, several fields left out together (generated)."""
+    published = four_layers(NEW[name])
+    drop = data.draw(st.sets(st.sampled_from(sorted(set(published) - {"model_type"})),
+                             min_size=2, max_size=4))
+    reads_as_transformers({k: v for k, v in published.items() if k not in drop}, drop)

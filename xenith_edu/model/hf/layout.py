@@ -48,7 +48,7 @@ def _float(hf: dict, key: str, default: float | None = None, where: str = "") ->
 def _rope(hf: dict) -> dict[str, Any]:
     """The Config's RoPE fields: rope_theta, at the top (older files) or in rope_scaling /
     rope_parameters (transformers 5), and Llama 3's frequency scaling if the file asks for it."""
-    out: dict[str, Any] = {"rope_theta": float(_float(hf, "rope_theta", 10000.0))}
+    out: dict[str, Any] = {"rope_theta": float(_float(hf, "rope_theta"))}
     for key in ("rope_scaling", "rope_parameters"):
         rope = hf.get(key)
         if rope is None:
@@ -165,7 +165,22 @@ def _family(hf: dict, kind: str, n_layer: int) -> dict[str, Any]:
 
 
 GEMMA_ACT = {"gelu_pytorch_tanh": "gelu_tanh", "silu": "silu"}  # hidden_activation -> ours
-GEMMA_TOKENS = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}  # transformers' defaults
+# What transformers' config class of each family takes for a field its config.json leaves out
+# (null key/value heads: as many as the query heads; the window's own defaults in `_windows`)
+_LLAMA = {"num_key_value_heads": None, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+          "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2}
+SILENT: dict[str, dict[str, Any]] = {
+    "llama": _LLAMA, "mistral": {**_LLAMA, "num_key_value_heads": 8},
+    "qwen2": {**_LLAMA, "num_key_value_heads": 32, "bos_token_id": None, "eos_token_id": None},
+    "qwen3": {**_LLAMA, "num_key_value_heads": 32, "head_dim": 128, "bos_token_id": None,
+              "eos_token_id": None},
+    "smollm3": {**_LLAMA, "num_key_value_heads": 4, "tie_word_embeddings": True,
+                "rope_theta": 2_000_000.0, "pad_token_id": 128004, "bos_token_id": 128000,
+                "eos_token_id": 128001},
+    "gemma3_text": {**_LLAMA, "num_key_value_heads": 4, "head_dim": 256,
+                    "tie_word_embeddings": True, "rope_theta": 1_000_000.0, "pad_token_id": 0,
+                    "eos_token_id": 1, "bos_token_id": 2},
+}
 GEMMA_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}  # its default bases
 
 
@@ -175,7 +190,7 @@ def _gemma_rope(hf: dict) -> dict:
     layer type."""
     per_type = hf.get("rope_parameters")
     if not (isinstance(per_type, dict) and set(per_type) & set(GEMMA_THETA)):
-        out = _rope({**hf, "rope_theta": hf.get("rope_theta", GEMMA_THETA["full_attention"])})
+        out = _rope(hf)
         base = _float(hf, "rope_local_base_freq", GEMMA_THETA["sliding_attention"])
         return {**out, "local_rope_theta": float(base)}
     if set(per_type) - set(GEMMA_THETA):
@@ -260,23 +275,20 @@ def config_from_hf(hf: object) -> Config:
     if not isinstance(kind, str) or kind not in FAMILIES:
         raise _refuse("model_type", kind, f"the book reads {', '.join(FAMILIES)} checkpoints")
     gemma = kind == "gemma3_text"  # its gate is hidden_activation; transformers ignores hidden_act
-    if gemma:
-        hf = {**GEMMA_TOKENS, **hf}  # what transformers takes when the file says nothing
-    elif hf.get("hidden_act", "silu") != "silu":
+    if not gemma and hf.get("hidden_act", "silu") != "silu":
         raise _refuse("hidden_act", hf.get("hidden_act"), "the book's SwiGLU gates with SiLU")
+    hf = {**SILENT[kind], **hf}  # what transformers takes when the file says nothing
     sizes: dict[str, Any] = {ours: _int(hf, key) for key, ours in INT_FIELDS.items()}
     H = sizes["n_head"]
-    hkv = _int(hf, "num_key_value_heads", H)
-    if gemma:
-        hf = {"head_dim": 256, **hf}  # Gemma 3's default head width, whatever the model's
+    hkv = H if hf["num_key_value_heads"] is None else _int(hf, "num_key_value_heads")
     head_dim = hf.get("head_dim")
     if head_dim is not None and _int(hf, "head_dim") % 2:
         raise _refuse("head_dim", head_dim, "RoPE turns pairs: a head's width must be even")
-    tie = hf.get("tie_word_embeddings", gemma)
+    tie = hf["tie_word_embeddings"]
     if not isinstance(tie, bool):
         raise _refuse("tie_word_embeddings", tie, "expected true or false")
     tokens: dict[str, Any] = {k: _token_ids(hf, k, sizes["vocab_size"]) for k in TOKEN_FIELDS}
-    eps = float(_float(hf, "rms_norm_eps", 1e-6))
+    eps = float(_float(hf, "rms_norm_eps"))
     if gemma:  # its errors name its fields
         rope, family = {}, _gemma(hf, sizes["n_layer"])
     else:
