@@ -152,6 +152,19 @@ def _read_only_paths() -> list[str]:
     return paths
 
 
+def link_hops(path: str) -> list[str]:
+    """The links an executable's path passes through before its file, each as its own path
+    (a venv's bin/python3 -> /opt/py/python3 -> ...): the sandbox binds each one to the file
+    it ends at, so the chain holds inside wherever its links live. A loop ends the walk."""
+    hops: list[str] = []
+    p = os.path.abspath(path)
+    while os.path.islink(p) and p not in hops and len(hops) < 40:
+        hops.append(p)
+        p = os.path.join(os.path.dirname(p), os.readlink(p))
+        p = os.path.join(os.path.realpath(os.path.dirname(p)), os.path.basename(p))
+    return hops
+
+
 def _others_can_read(paths: list[str]) -> bool:
     for p in paths:
         parts = Path(p).parts
@@ -196,10 +209,14 @@ def bwrap_command(workdir: Path, info_fd: int, extra_ro: list[tuple[str, str]],
     cmd += ["--size", str(int(limits["tmp"])), "--perms", "1777", "--tmpfs", "/tmp",
             "--perms", "0777", "--dir", "/tmp/matplotlib"]
     ro = _read_only_paths()
-    for a in _ancestors(ro + [HOME, SUBMISSION]):
+    hops = [h for h in link_hops(sys.executable)
+            if not any(h.startswith(q.rstrip("/") + "/") for q in ro + ["/usr"])]
+    for a in _ancestors(ro + [HOME, SUBMISSION] + hops):
         cmd += ["--perms", "0755", "--dir", a]
     for p in ro:
         cmd += ["--ro-bind", p, p]
+    for h in hops:  # each a link outside the folders above: bound as the file it ends at
+        cmd += ["--ro-bind", os.path.realpath(h), h]
     cmd += ["--proc", "/proc", "--dev", "/dev",
             "--size", str(int(limits["tmp"])), "--perms", "1777", "--tmpfs", "/dev/shm"]
     for src, dest in extra_ro:
