@@ -273,3 +273,31 @@ def test_any_teachers_file_is_read_or_refused_in_one_line(tmp_path, rows, header
                 assert key in ids and value >= DUE
             else:
                 assert key[0] in ids and 0 <= value.points <= {"ex0": 2.0, "q0": 1.0}[key[1]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(classes())
+def test_the_report_names_every_extension_and_every_override(c):
+    """The teacher's page lists each learner with an extended deadline (and the date) and each
+    learner with an overridden item (the item and its points), and no one else under either."""
+    from xenith_edu.gradebook.report import course_notes
+
+    people, _, lines = _run(c)
+    page = course_notes(people, lines)
+    pol = c["pol"]
+
+    def listed(title: str) -> str:
+        return next((ln for ln in page.splitlines() if ln.startswith(f"- {title}")), "")
+
+    extended = listed("Extended deadline")
+    for p in people:
+        due = pol.extensions.get(p.id)
+        assert (f"**{p.id} (to" in extended) == (due is not None)
+        if due is not None:
+            assert f"**{p.id} (to {due.isoformat(timespec='minutes')})**" in extended
+    overridden = listed("Overridden by the teacher")
+    for p in people:
+        mine = [(item, o.points) for (who, item), o in pol.overrides.items() if who == p.id]
+        assert (f"**{p.id} (" in overridden) == bool(mine)
+        for item, pts in mine:
+            assert f"{item}: {pts:g}" in overridden

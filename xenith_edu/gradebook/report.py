@@ -1,6 +1,7 @@
 """The teacher's one-page report, written next to the CSV: how the class did on each exercise,
 the mistakes the checks diagnosed most often, the learners whose notebooks had errors, and the
-course's notes (absent, late, not on the roster, names shared). Every learner's string is escaped.
+course's notes (absent, late, extended deadlines, overrides, not on the roster, names shared).
+Every learner's string is escaped.
 """
 
 from __future__ import annotations
@@ -97,8 +98,9 @@ def _errors(errors: dict[tuple[str, str], list[str]]) -> list[str]:
 
 
 def course_notes(people: list, totals: list[dict], meta: dict | None = None) -> str:
-    """The course's lines: totals, then who is absent, late, not on the roster, or shares a
-    name with another submission."""
+    """The course's lines: totals, then who is absent, late, has an extended deadline or an
+    item the teacher overrode, is not on the roster, or shares a name with another
+    submission."""
     if not totals:
         return ""
     mean = sum(float(t["percent"]) for t in totals) / len(totals)
@@ -112,6 +114,10 @@ def course_notes(people: list, totals: list[dict], meta: dict | None = None) -> 
               "Late": [f"{t['learner']} ({t['late']})" for t in totals if t["late"]],
               "Warning: handed in, but no time in the timestamps file (not judged late)":
                   list(meta.get("untimed", [])),
+              "Extended deadline": [f"{t['learner']} (to {t['extended deadline']})"
+                                    for t in totals if t.get("extended deadline")],
+              "Overridden by the teacher (points per item)":
+                  [f"{t['learner']} ({t['overrides']})" for t in totals if t.get("overrides")],
               "Not on the roster (graded, not in the LMS files' roster)":
                   [p.id for p in people if p.note == "not on the roster"],
               "Names shared by several submissions (kept apart, not merged)":
