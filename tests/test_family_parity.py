@@ -64,7 +64,7 @@ def test_float64_logits_and_every_gradient_match_transformers(tmp_path, rng, fam
     assert read_hf(tmp_path / "back", np.float64).config == model.config
 
 
-@pytest.mark.parametrize("family", ["Llama-3.2-1B", "Qwen2.5-0.5B", "Qwen3-0.6B", "Gemma-3-1B"])
+@pytest.mark.parametrize("family", list(NEW))
 def test_float32_logits_at_the_published_widths(tmp_path, rng, family):
     hf = reduced(ALL[family], layers=1, vocab=256)
     m = tiny_model(hf, scale=0.02, dtype=torch.float32)

@@ -500,3 +500,19 @@ def test_fuzzed_tokenizer_json_is_read_or_refused(spec):
         BPETokenizer(spec)
     except ValueError as e:
         assert "\n" not in str(e)
+
+
+@settings(max_examples=50, deadline=None)
+@given(rows=st.integers(1, 200), cols=st.integers(1, 70), block=st.integers(1, 80),
+       dtype=st.sampled_from([np.float32, np.float64]))
+def test_the_blocked_transposed_copy_is_the_transpose(rows, cols, block, dtype):
+    """The readers' and writers' transposed copy (checkpoint (out, in) <-> ours (in, out)) is
+    src.T exactly, for any shape and block, a block that does not divide the rows included."""
+    from xenith_edu.tools.util import copy_transposed
+
+    src = np.random.default_rng(rows * cols).standard_normal((rows, cols)).astype(dtype)
+    dst = np.full((cols, rows), np.nan, dtype)
+    copy_transposed(dst, src, block)
+    np.testing.assert_array_equal(dst, src.T)
+    with pytest.raises(ValueError, match="src.T has"):
+        copy_transposed(np.empty((rows, cols + 1), dtype), src)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ...tools.util import copy_transposed
 from ..config import Config, window_of
 from ..params import param_shapes
 
@@ -94,10 +95,11 @@ def _nope_layers(hf: dict, n_layer: int) -> tuple[int, ...]:
     if flags is None:
         every = _int(hf, "no_rope_layer_interval", 4)
         flags = [int((l + 1) % every != 0) for l in range(n_layer)]
-    if not isinstance(flags, list) or len(flags) != n_layer or any(
+    if not isinstance(flags, list) or len(flags) < n_layer or any(
             f not in (0, 1) or isinstance(f, bool) for f in flags):
         raise _refuse("no_rope_layers", flags, f"expected {n_layer} flags, 1 (RoPE) or 0 (none)")
-    return tuple(l for l, f in enumerate(flags) if f == 0)
+    return tuple(l for l, f in enumerate(flags[:n_layer]) if f == 0)  # transformers reads a
+    # layer's own flag: those of layers a file with fewer layers has not are never read
 
 
 def _layer_types(hf: dict, n_layer: int, default: list[str]) -> list[str]:
@@ -454,14 +456,6 @@ def _pairs(name: str, cfg: Config) -> np.ndarray | None:
     return None if heads is None else pair_rows(heads, cfg.head_dim)
 
 
-def _to_ours(name: str, w: np.ndarray, cfg: Config) -> np.ndarray:
-    """One checkpoint tensor in our layout: (out, in) transposed, q and k rows re-paired."""
-    rows = _pairs(name, cfg)
-    if rows is not None:
-        w = w[rows]
-    return w.T if w.ndim == 2 and name not in ("wte", "lm_head") else w
-
-
 def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: Config,
                    dtype: type = np.float32) -> dict[str, np.ndarray]:
     """Our parameters from a checkpoint's tensors; ValueError naming a missing, misshapen or
@@ -489,11 +483,13 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: Config,
         if w.shape != (want[::-1] if flipped else want):
             raise ValueError(f"the checkpoint's tensor '{key}' has shape {w.shape}, config.json "
                              f"implies {want[::-1] if flipped else want}")
-        w = _to_ours(ours, w, cfg)
-        if l is None:
-            params[ours][...] = w
+        rows = _pairs(ours, cfg)
+        w = w if rows is None else w[rows]  # q and k rows in our pairing
+        into = params[ours] if l is None else params[ours][l]
+        if flipped:  # (out, in) -> our (in, out)
+            copy_transposed(into, w)
         else:
-            params[ours][l] = w
+            into[...] = w
     bad = [k for k, p in params.items() if not np.isfinite(p).all()]
     if bad:
         raise ValueError(f"the checkpoint has non-finite values in {bad[0]}")
@@ -509,8 +505,10 @@ def tensor_to_hf(params: dict[str, np.ndarray], cfg: Config, key: str) -> np.nda
     """The checkpoint's tensor `key` of our parameters, alone (a writer makes one at a time)."""
     ours, l = hf_names(cfg)[key]
     w = params[ours] if l is None else params[ours][l]
-    if w.ndim == 2 and ours not in ("wte", "lm_head"):
-        w = w.T  # (in, out) -> (out, in)
+    if w.ndim == 2 and ours not in ("wte", "lm_head"):  # (in, out) -> (out, in)
+        t = np.empty(w.shape[::-1], w.dtype)
+        copy_transposed(t, w)
+        w = t
     rows = _pairs(ours, cfg)
     if rows is not None:
         w = w[np.argsort(rows)]  # the inverse permutation: back to rotate-half pairs

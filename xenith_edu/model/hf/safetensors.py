@@ -121,15 +121,14 @@ def read_tensor(f, path: Path, name: str, entry: tuple, start: int) -> np.ndarra
     begin, end) and the data's offset `start`: BF16 and F16 as float32, exactly."""
     dtype, shape, b, e = entry
     f.seek(start + b)
-    raw = f.read(e - b)
-    if len(raw) != e - b:
+    a = np.empty(shape, dtype=DTYPES[dtype])  # the file's bytes land here, read once
+    if f.readinto(a.reshape(-1).view(np.uint8)) != e - b:
         raise _bad(path, f"is truncated inside tensor '{name}'")
-    a = np.frombuffer(raw, dtype=DTYPES[dtype]).reshape(shape)
     if dtype == "BF16":
         a = bf16_to_f32(a)
     elif dtype == "F16":
         a = a.astype(np.float32)  # every float16 is a float32: exact
-    return a.astype(a.dtype.newbyteorder("="), copy=True)  # ours, writable
+    return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))  # ours, writable
 
 
 def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray],
