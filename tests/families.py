@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from transformers.initialization import no_init_weights
 
 # -- the published files (the fields every one of them has; transformers' own defaults fill
 #    the rest exactly as it does for the downloaded file) --------------------------------------
@@ -210,7 +211,9 @@ def tiny_model(hf: dict, seed: int = 0, scale: float = 0.02, dtype=torch.float32
     # rope_scaling it is given, and the published files are shared by every test
     cfg = transformers.AutoConfig.for_model(**hf)
     cfg._attn_implementation = "eager"
-    m = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype)
+    with no_init_weights():  # its own draws are replaced below: not made twice
+        m = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype)
+    m.tie_weights()  # what the skipped initialisation would have tied
     with torch.no_grad():
         for name, p in m.named_parameters():
             if "norm" in name:
