@@ -67,9 +67,9 @@ CHAPTERS: tuple[Chapter, ...] = (
             "our backward as autograd Functions, checked against PyTorch's own gradients",
             going_further=True),
     Chapter("llama", "A real LLaMA", ("model.hf", "training.finetune", "qk_norm", "bias",
-                                      "rope_scaling", "geglu"),
+                                      "rope_scaling", "geglu", "lora"),
             "grouped-query attention's backward, Hugging Face checkpoints, fine-tuning them; the "
-            "open models' pieces (QK-norm, biases, Llama 3's RoPE, windows, GeGLU)",
+            "open models' pieces (QK-norm, biases, Llama 3's RoPE, windows, GeGLU); LoRA",
             going_further=True),
 )
 

@@ -172,7 +172,7 @@ def book_repository(src: Path) -> tuple[str, str] | None:
 # by which the setup cell sees whether that extra is installed.
 EXTRA_OF = {"torch": "torch", "transformers": "hf", "tokenizers": "hf", "safetensors": "hf",
             "peft": "hf", "mpi4py": "mpi", "mpiexec": "mpi"}
-EXTRA_MODULES = {"torch": ("torch",), "hf": ("transformers", "tokenizers", "safetensors"),
+EXTRA_MODULES = {"torch": ("torch",), "hf": ("transformers", "tokenizers", "safetensors", "peft"),
                  "mpi": ("mpi4py",)}
 IMPORTED = re.compile(r"^[ \t]*(?:import|from)[ \t]+([A-Za-z_]\w*)", re.MULTILINE)  # unparsable
 PROGRAMS = ("mpiexec",)  # programs a chapter starts, named by a string of its code

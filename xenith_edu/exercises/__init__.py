@@ -42,7 +42,7 @@ from .embedding import (
 )
 from .engine import GRADE_LOG_ENV, check, judge
 from .hints import forget_hints, hint
-from .llama import check_padded_cross_entropy, check_qk_norm_backward
+from .llama import check_lora_backward, check_padded_cross_entropy, check_qk_norm_backward
 from .memory import (
     check_kv_cache_budget,
     check_softmax_merge,
@@ -148,4 +148,5 @@ __all__ = [
     "check_alibi_slopes_grad",
     "check_padded_cross_entropy",
     "check_qk_norm_backward",
+    "check_lora_backward",
 ]

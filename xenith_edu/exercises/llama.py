@@ -1,5 +1,6 @@
-"""Exercises of the "A real LLaMA" chapter: the loss of a padded batch and its gradient, and
-QK-norm's backward (Qwen3's RMSNorm over each head of q and k, one gain for all the heads).
+"""Exercises of the "A real LLaMA" chapter: the loss of a padded batch and its gradient,
+QK-norm's backward (Qwen3's RMSNorm over each head of q and k, one gain for all the heads), and
+LoRA's backward (a low-rank adapter beside a frozen layer: dx, dA, dB from the layer's dy).
 
 See the "A real LLaMA" chapter; each check names the usual mistakes.
 """
@@ -10,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..lora import lora_backward, lora_forward
 from ..qk_norm import qk_norm_backward, qk_norm_forward
 from ..softmax_ce import softmax_cross_entropy
 from .engine import check
@@ -20,6 +22,7 @@ from .types import Case, CheckResult, Mistake, Spec
 
 # Shape legend: N positions, V vocab, M the positions that count (target != ignore_index);
 # QK-norm: u (N, H*hd) the queries (or keys) of N positions, H heads of width hd, w (hd,).
+# LoRA: x (N, n) the frozen layer's input, dy (N, m) its output's gradient, A (r, n), B (m, r).
 
 
 # -- the padded cross-entropy: a derivation ---------------------------------------------------
@@ -293,6 +296,136 @@ def check_qk_norm_backward(fn: Callable) -> CheckResult:
     return check(QK_NORM, fn)
 
 
-SPECS = [PADDED, QK_NORM]
+# -- LoRA's backward: a low-rank adapter beside a frozen layer ---------------------------------
 
-__all__ = ["check_padded_cross_entropy", "check_qk_norm_backward"]
+def _lora_reference(dy: np.ndarray, x: np.ndarray, A: np.ndarray, B: np.ndarray,
+                    scale: float) -> tuple:
+    _, cache = lora_forward(x, A, B, scale)
+    return lora_backward(dy, cache)
+
+
+def _lora_cases(rng: np.random.Generator) -> list[Case]:
+    ints = int_sampler(rng)
+    sq = ints(6, 9)  # N = n = m: x and dy square, where a transposed x or dy fits the shapes
+    plans = [  # what, N, n, m, r, dtype, scale above 1 (alpha > r), B near zero
+        ("", ints(4, 8), ints(7, 10), ints(11, 14), ints(2, 3), np.float64, True, False),
+        ("", ints(3, 7), ints(11, 14), ints(6, 9), ints(2, 4), np.float32, True, False),
+        (f"N = n = m = {sq} (a square projection, x and dy square), ", sq, sq, sq,
+         ints(2, 3), np.float64, True, False),
+        ("rank 1, alpha < r, ", ints(3, 6), ints(6, 9), ints(7, 10), 1, np.float64, False,
+         False),
+        ("N=1 (one position), ", 1, ints(6, 9), ints(7, 10), ints(2, 3), np.float64, True,
+         False),
+        ("B near 0 (a step from peft's start, where B = 0: dB leads), ", ints(3, 6), ints(6, 9),
+         ints(7, 10), ints(2, 3), np.float64, True, True),
+    ]
+    cases = []
+    for what, N, n, m, r, dtype, above, small in plans:
+        alpha = log_uniform(rng, 2.0 * r, 8.0 * r) if above else log_uniform(rng, 0.1, 0.5) * r
+        scale = alpha / r  # a Python float: the arrays keep their dtype
+        x = randn(rng, (N, n), dtype)  # (N, n)
+        A = randn(rng, (r, n), dtype, 1.0 / np.sqrt(n))  # (r, n), peft's size of draw
+        b = log_uniform(rng, 1e-4, 1e-3) if small else 0.5  # B's size
+        B = randn(rng, (m, r), dtype, b)  # (m, r)
+        dy = randn(rng, (N, m), dtype)  # (N, m)
+        sizes = ", ".join(f"{k}={v}" for k, v in (("N", N), ("n", n), ("m", m), ("r", r))
+                          if f"{k} =" not in what and f"{k}=" not in what
+                          and not (k == "r" and "rank" in what))
+        cases.append(Case(f"{np.dtype(dtype).name}, {what}{sizes}, scale={scale:.3g}",
+                          (dy, x, A, B, scale)))
+    return cases + magnitudes(rng, cases[0], 0, "dy")
+
+
+def _lora_mistakes(args: tuple, exp: dict) -> list[Mistake]:
+    dy, x, A, B, s = args
+    N, r = x.shape[0], A.shape[0]
+    dx, dA, dB = exp["dx"], exp["dA"], exp["dB"]
+
+    def got(ddx: np.ndarray = dx, ddA: np.ndarray = dA, ddB: np.ndarray = dB) -> dict:
+        return {"dx": ddx, "dA": ddA, "dB": ddB}  # every output predicted, the right ones too
+
+    return [
+        ("dB forgets the scale: the branch's output is scale * u @ B.T, so dB = scale * dy.T "
+         "@ u.", lambda: got(ddB=dB / s)),
+        ("du forgets the scale: du = scale * dy @ B, and both dA = du.T @ x and dx = du @ A "
+         "carry it.", lambda: got(dx / s, dA / s)),
+        ("dA forgets the scale (dx has it): dA = du.T @ x with du = scale * dy @ B.",
+         lambda: got(ddA=dA / s)),
+        ("dx forgets the scale (dA has it): dx = du @ A with du = scale * dy @ B.",
+         lambda: got(ddx=dx / s)),
+        ("the scale is forgotten everywhere: every gradient of the branch carries one factor "
+         "scale = alpha / r, as its output does.", lambda: got(dx / s, dA / s, dB / s)),
+        ("the scale is applied twice in dA: du = scale * dy @ B holds it already, dA = du.T "
+         "@ x adds none.", lambda: got(ddA=dA * s)),
+        ("the scale is applied twice in dx: du = scale * dy @ B holds it already, dx = du @ A "
+         "adds none.", lambda: got(ddx=dx * s)),
+        ("the scale is applied twice, in du and again in dA and dx: one factor scale per "
+         "gradient.", lambda: got(dx * s, dA * s)),
+        (f"the scale is divided by r = {r} once more: scale is alpha / r already, use it as "
+         "it is.", lambda: got(dx / r, dA / r, dB / r)),
+        (f"dA and dB are averaged over the N = {N} positions: A and B are used by every "
+         "position, so their gradients sum (the used-twice rule).",
+         lambda: got(ddA=dA / N, ddB=dB / N)),
+        ("dx is missing: the branch reads x too, so x gets du @ A from it (added to the frozen "
+         "layer's dy @ W.T).", lambda: got(ddx=np.zeros_like(dx))),
+    ]
+
+
+def _lora_terms(args: tuple) -> dict[str, list[Term]]:
+    """dx = scale * (dy @ B) @ A, dA = scale * (dy @ B).T @ x, dB = scale * dy.T @ u."""
+    dy, x, A, B, s = args
+    g = dy @ B  # (N, r): du before its scale
+    return {"dx": [term("scale * (dy @ B) @ A", ("scale", s), ("(dy @ B) @ A", g @ A))],
+            "dA": [term("scale * (dy @ B).T @ x", ("scale", s), ("(dy @ B).T @ x", g.T @ x))],
+            "dB": [term("scale * dy.T @ u", ("scale", s), ("dy.T @ u", dy.T @ (x @ A.T)))]}
+
+
+def _lora_floor(args: tuple) -> dict[str, float]:
+    dy, x, A, B, s = args
+    return {"dx": s * amax(dy, B, A), "dA": s * amax(dy, B, x), "dB": s * amax(dy, x @ A.T)}
+
+
+LORA = Spec(
+    id="lora_backward",
+    reference_name="xenith_edu.lora.lora_backward",
+    arg_names=("dy", "x", "A", "B", "scale"),
+    out_names=("dx", "dA", "dB"),
+    kinds=("array", "array", "array"),
+    reference=_lora_reference,
+    cases=_lora_cases,
+    seed=2705,
+    summary="float64 and float32, N = 1 to 9 positions, n and m from 6 to 14 and a square "
+            "projection, rank 1 to 4, scale = alpha / r from 0.1 to 8, B near 0 as a run "
+            "starts, dy from 1e-3 to 1e2",
+    mistakes=_lora_mistakes,
+    terms=_lora_terms,
+    factors=lambda a: {f"scale = {a[4]:.3g}": float(a[4]), f"r = {a[2].shape[0]}":
+                       float(a[2].shape[0]), f"N = {a[1].shape[0]}": float(a[1].shape[0])},
+    floor=_lora_floor,
+    shape_hints={"dx": "dx has x's shape (N, n): the gradient goes back through A.",
+                 "dA": "dA has A's shape (r, n): it pairs du (N, r) with x (N, n) over the "
+                       "positions.",
+                 "dB": "dB has B's shape (m, r): B multiplies u = x @ A.T (N, r), not x, so "
+                       "dB pairs dy (N, m) with u over the positions."},
+    hints=("The branch is two linear layers in a row, u = x @ A.T and out = scale * u @ B.T, "
+           "added to the frozen layer's output: which gradient reaches it, and what does each "
+           "linear layer's backward give?",
+           "With u = x @ A.T (N, r): out = scale * u @ B.T gives dB = scale * dy.T @ u and du = "
+           "scale * dy @ B; u = x @ A.T gives dA = du.T @ x and dx = du @ A (the linear "
+           "layer's rules, with A and B stored (out, in)).",
+           "u = x @ A.T; du = scale * dy @ B; dx = du @ A; dA = du.T @ x; dB = scale * dy.T "
+           "@ u"),
+)
+
+
+def check_lora_backward(fn: Callable) -> CheckResult:
+    """`fn(dy (N, m), x (N, n), A (r, n), B (m, r), scale) -> (dx (N, n), dA (r, n), dB (m, r))`:
+    the backward of a LoRA adapter's branch scale * (x @ A.T) @ B.T, given the gradient dy of
+    the frozen layer's output. See the "A real LLaMA" chapter.
+    """
+    return check(LORA, fn)
+
+
+SPECS = [PADDED, QK_NORM, LORA]
+
+__all__ = ["check_lora_backward", "check_padded_cross_entropy", "check_qk_norm_backward"]
