@@ -1942,8 +1942,55 @@ LLAMA = [
 ]
 
 
+# LoRA's backward, written by someone who did not write its check: dy (N, m), x (N, n),
+# A (r, n), B (m, r), scale = alpha / r
+def _lora_alpha_for_scale(dy, x, A, B, scale):
+    alpha = scale * A.shape[0]  # "the scale is alpha": r times too large everywhere
+    u, du = x @ A.T, alpha * dy @ B
+    return du @ A, du.T @ x, alpha * dy.T @ u
+
+
+def _lora_u_scaled(dy, x, A, B, scale):
+    u = scale * (x @ A.T)  # the scale kept in the middle, then applied again in dB
+    du = scale * dy @ B
+    return du @ A, du.T @ x, scale * dy.T @ u
+
+
+def _lora_db_mean(dy, x, A, B, scale):
+    u, du = x @ A.T, scale * dy @ B
+    return du @ A, du.T @ x, scale * dy.T @ u / len(x)  # dB averaged over positions
+
+
+def _lora_dx_sign(dy, x, A, B, scale):
+    u, du = x @ A.T, scale * dy @ B
+    return -(du @ A), du.T @ x, scale * dy.T @ u  # "the branch is subtracted"
+
+
+def _lora_float32(dy, x, A, B, scale):
+    f = np.float32  # computed in float32 whatever the inputs
+    u, du = x.astype(f) @ A.T.astype(f), f(scale) * dy.astype(f) @ B.astype(f)
+    out = (du @ A.astype(f), du.T @ x.astype(f), f(scale) * dy.T.astype(f) @ u)
+    return tuple(o.astype(x.dtype) for o in out)
+
+
+def _lora_last_position(dy, x, A, B, scale):
+    u, du = x @ A.T, scale * dy @ B
+    return du @ A, du[-1:].T @ x[-1:], scale * dy[-1:].T @ u[-1:]  # one position's share
+
+
+LORA = [
+    _w("lora_backward", "alpha-for-scale", _lora_alpha_for_scale, r"scale|alpha|r = \d"),
+    _w("lora_backward", "u-scaled-too", _lora_u_scaled, r"scale"),
+    _w("lora_backward", "dB-averaged", _lora_db_mean, r"sum|average|position|N = \d"),
+    _w("lora_backward", "dx-sign", _lora_dx_sign, r"sign|minus|negat|-1"),
+    _w("lora_backward", "float32-inside", _lora_float32, r"float32|dtype|precision|round"),
+    _w("lora_backward", "last-position-only", _lora_last_position,
+       r"sum|position|N = \d|every"),
+]
+
+
 HELDOUT_SECOND: list[Wrong] = (
     BROADCAST + BLOCK + CE + SMOOTH + SWIGLU + SILU + GELU + RMS + LAYERNORM + SCALE + ATTENTION
     + ATTENTION_BUG + GQA + CACHE + ROPE + HALF + FREQ + PERM + EMBEDDING + TIED + POSITION
     + LINEAR + RESIDUAL + STACK_BUG + CROSSOVER + CAPSTONE + ADAMW + LR + ADAM_L2 + MEMORY
-    + PARALLEL + TORCH + HF + LLAMA)
+    + PARALLEL + TORCH + HF + LLAMA + LORA)
