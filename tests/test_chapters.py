@@ -230,3 +230,21 @@ def test_gated_solutions_are_collapsed_and_answer_an_exercise_above(c: chapters.
         assert ":class: dropdown" in m.group(2), f"{c.slug}, cell {i}: not collapsed"
         above = [e["label"] for e in found if e["cell"] < i]
         assert m.group(1) in above, f"{c.slug}, cell {i}: answers {m.group(1)}, not above"
+
+
+# where the machine that executed a notebook would show in its outputs: its Python's packages,
+# a virtual environment, a home or a temporary folder (a warning's file name, a printed path)
+MACHINE_PATH = re.compile(r"site-packages|[/\\]\.venv[/\\]|(?<![\w.~])/(?:home|root|tmp|Users)/"
+                          r"|[A-Z]:\\\\Users")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")),
+                         ids=lambda p: p.stem)
+def test_no_output_shows_a_path_of_the_machine_that_executed_it(path: Path) -> None:
+    """A committed output is the book's text: a path of the author's machine in it (a warning
+    raised from an installed package, a temporary folder printed) means a cell leaks where it
+    ran, and nbval fails on every other machine."""
+    for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+        for out in cell.get("outputs", []):
+            hit = MACHINE_PATH.search(json.dumps(out))
+            assert hit is None, f"cell {i}: {json.dumps(out)[max(0, hit.start() - 80):][:200]}"
