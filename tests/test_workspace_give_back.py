@@ -12,7 +12,7 @@ from __future__ import annotations
 import weakref
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import xenith_edu as xe
@@ -96,3 +96,27 @@ def test_a_full_workspace_frees_each_layers_cache_as_the_backward_leaves_it():
             assert dead == [full] * cfg.n_layer
 
         _with_workspace(limit, lambda: (run(), run()))  # twice: from a used workspace too
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["empty", "empty", "drop", "give_back"]),
+                              st.integers(0, 1), st.integers(0, 9)), max_size=80),
+       kept=st.integers(0, 8))
+@example(ops=[("empty", 0, 0)] * 4 + [("drop", 0, 1), ("empty", 0, 0), ("give_back", 0, 0),
+              ("give_back", 0, 1), ("empty", 0, 0)], kept=3)  # the list shrinks by two under
+# the search's start, which it kept at 2 (an IndexError once, in a full step)
+def test_any_sequence_of_asks_drops_and_give_backs_hands_out_only_free_arrays(ops, kept):
+    """Whatever order a step asks, drops and gives back in (lists that shrink under a search's
+    remembered start included), `empty` never fails and never hands out an array still held."""
+    ws = Workspace(limit_bytes=kept * 800)  # it keeps `kept` arrays, then it is full
+    held: list[np.ndarray] = []
+    shapes = [(10, 10), (200,)]  # 800 bytes each in float64
+    for op, k, i in ops:
+        if op == "empty":
+            a = ws.empty(shapes[k], np.float64)
+            assert all(a is not h for h in held)
+            held.append(a)
+        elif op == "drop" and held:
+            held.pop(i % len(held))
+        elif op == "give_back" and held:
+            ws.give_back(held[i % len(held)])

@@ -42,6 +42,7 @@ def _free_index(arrays: list[np.ndarray], start: int, free_refs: int) -> int:
     list refers to; -1 if every one is in use. A step asks for its arrays in the same order
     every time, so the search starting after the last one handed out usually stops at once."""
     n = len(arrays)
+    start = start % n if n else 0  # a hint: the list may have shrunk since it was set
     for j in range(n):
         i = start + j - n if start + j >= n else start + j
         if sys.getrefcount(arrays[i]) == free_refs:
