@@ -175,7 +175,8 @@ def adapt_qkv(qkv: np.ndarray, xb: np.ndarray, lora: LayerLora, cfg: Config
     """Each adapter of q, k, v added, in place, to its columns of qkv (N, dq + 2dkv): the frozen
     product's output plus scale * (xb @ A.T) @ B.T. Returns their caches by target."""
     caches = {}
-    with one_blas_thread(*qkv.shape, next(iter(lora.A.values())).shape[0]):  # thin products
+    rank = next(iter(lora.A.values())).shape[0]
+    with one_blas_thread(qkv.shape[0], qkv.shape[1], rank):  # thin products
         for t, cols in qkv_columns(cfg.q_dim, cfg.kv_dim).items():
             if t in lora.A:
                 delta, caches[t] = lora_forward(xb, lora.A[t], lora.B[t], lora.scale)  # (N, m)
@@ -188,7 +189,7 @@ def lora_qkv_grads(dqkv: np.ndarray, dxb: np.ndarray, caches: dict[str, LoraCach
     """The adapters of q, k, v in reverse: each reads its columns of dqkv (N, dq + 2dkv); their
     dA, dB go into grads, their dx add (in place) to dxb (N, d): xb fans out to them too."""
     rank = max((c.u.shape[1] for c in caches.values()), default=0)
-    with one_blas_thread(*dqkv.shape, rank):  # thin products
+    with one_blas_thread(dqkv.shape[0], dqkv.shape[1], rank):  # thin products
         for t, cols in qkv_columns(dq, dkv).items():
             if t in caches:
                 dx, grads[f"lora_A.{t}"], grads[f"lora_B.{t}"] = lora_backward(dqkv[:, cols],

@@ -244,7 +244,7 @@ def attention_block_forward(
     if lora is not None and adapted is not None:
         out_cache = LinearCache(None, out_cache.w)  # frozen wo
         if "o" in lora.A:  # out += scale * (am @ A.T) @ B.T
-            with one_blas_thread(*am.shape, lora.A["o"].shape[0]):  # thin products
+            with one_blas_thread(am.shape[0], am.shape[1], lora.A["o"].shape[0]):  # thin products
                 delta, adapted["o"] = lora_forward(am, lora.A["o"], lora.B["o"], lora.scale)
             out += delta
     post = None
@@ -279,7 +279,8 @@ def attention_block_backward(
     # out = merge_heads(a) @ wo
     dam, dwo = linear_backward(dout, cache.out)  # (N, dq), (dq, d) (None when frozen)
     if cache.lora and "o" in cache.lora:  # out += the adapter of wo: its dx adds to dam
-        with one_blas_thread(*dout.shape, cache.lora["o"].u.shape[1]):  # thin products
+        rank = cache.lora["o"].u.shape[1]
+        with one_blas_thread(dout.shape[0], dout.shape[1], rank):  # thin products
             dx, grads["lora_A.o"], grads["lora_B.o"] = lora_backward(dout, cache.lora["o"])
         dam += dx
     da = split_heads(dam, B, S, H)  # (B, H, S, hd)
