@@ -11,7 +11,9 @@ attention, Gemma's GeGLU and norms, recompute, and every subset of the targets):
 - with adapters, no base parameter's gradient is made (only the adapters' keys come back), the
   base arrays are not changed, and recompute gives the same gradients bit for bit;
 - with adapters, no cache keeps the input of a frozen product (the input a weight's gradient
-  would need): none is computed, whichever feed-forward (SwiGLU, GeGLU) or attention kernel.
+  would need): none is computed, whichever feed-forward (SwiGLU, GeGLU) or attention kernel;
+- the frozen feed-forward block run on row shares (model/rows.py, one thread per BLAS thread)
+  gives the loss and gradients of one pass, to float64 rounding, whatever the rows per shard.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from threadpoolctl import threadpool_limits
 
 from xenith_edu.lora import lora_backward, lora_forward, lora_init
-from xenith_edu.model import Config, forward, loss_and_grads, random_params
+from xenith_edu.model import Config, forward, loss_and_grads, random_params, rows
 from xenith_edu.model.adapters import (
     TARGETS,
     Adapters,
@@ -32,6 +35,7 @@ from xenith_edu.model.adapters import (
     merged,
     target_size,
 )
+from xenith_edu.model.rows import Sharded
 from xenith_edu.tools.gradcheck import check_gradient
 
 SLOW = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -265,3 +269,22 @@ def test_frozen_products_keep_no_input_so_no_weight_gradient_is_made(case):
             assert getattr(c, field) is None, f"{path}.{field} is kept for a frozen weight"
     ffn = "GeGLUCache" if cfg.activation == "gelu_tanh" else "SwiGLUCache"
     assert {"LinearCache", "HeadCache", ffn} <= seen  # the walk reached every frozen product
+
+
+@SLOW
+@given(case=lora_models(), min_rows=st.integers(1, 4))
+def test_row_shards_give_the_gradients_of_one_pass(case, min_rows):
+    cfg, params, ad, x, y, _ = case
+    with threadpool_limits(1):  # one BLAS thread: one pass, no shards
+        loss, grads = loss_and_grads(params, cfg, x, y, adapters=ad)
+        assert rows.row_shards(x.size) is None
+    with threadpool_limits(2), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rows, "MIN_ROWS", min_rows)  # shards of a few rows: every boundary tried
+        bounds = rows.row_shards(x.size)
+        assert bounds is None or bounds[0][0] == 0 and bounds[-1][1] == x.size
+        _, cache = forward(params, cfg, x, adapters=ad)
+        assert isinstance(cache.layers[0].ffn, Sharded) == (bounds is not None)
+        loss_s, grads_s = loss_and_grads(params, cfg, x, y, adapters=ad)
+    assert loss_s == pytest.approx(loss, rel=1e-12)
+    for k, g in grads.items():
+        np.testing.assert_allclose(grads_s[k], g, rtol=1e-10, atol=1e-13, err_msg=k)

@@ -61,6 +61,7 @@ from .config import Config, norm_offset, window_of
 from .ends import HeadCache, embed, embed_scale, head_backward, head_forward
 from .params import PARAM, layer_names, param_shapes
 from .positions import layer_tables, qk_rope_tables
+from .rows import Sharded, backward_rows, forward_rows, row_shards
 
 __all__ = [
     "AttentionBlockCache", "LayerCache", "ModelCache", "PastKV",
@@ -383,7 +384,7 @@ class LayerCache(NamedTuple):
     """What `layer_backward` needs: the caches of the layer's two blocks."""
 
     attn: AttentionBlockCache
-    ffn: SwiGLUBlockCache
+    ffn: SwiGLUBlockCache | Sharded  # Sharded: a frozen block run on row shards (model/rows.py)
 
 
 def layer_forward(
@@ -396,7 +397,12 @@ def layer_forward(
     the layer's weights frozen) as `attention_block_forward` takes them."""
     out, attn = attention_block_forward(h, p, cfg, cos, sin, past, layer, lora)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection h + out (out is ours: its memory is reused)
-    out, ffn = swiglu_block_forward(h, p, cfg, lora is not None)  # (N, d)
+    ffn: SwiGLUBlockCache | Sharded
+    bounds = None if lora is None or past is not None else row_shards(h.shape[0])
+    if bounds is not None:  # frozen: row by row, a shard per BLAS thread
+        out, ffn = forward_rows(swiglu_block_forward, h, bounds, p, cfg, True)  # (N, d)
+    else:
+        out, ffn = swiglu_block_forward(h, p, cfg, lora is not None)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection
     return h, LayerCache(attn, ffn)
 
@@ -407,7 +413,10 @@ def layer_backward(
     """One layer in reverse, SwiGLU block first: the stream's gradient below the layer, and the
     gradients of the layer's parameters."""
     # h = h + swiglu_block(h): the stream passes dh on unchanged, the block adds its part.
-    dx, grads = swiglu_block_backward(dh, cache.ffn)
+    if isinstance(cache.ffn, Sharded):
+        dx, grads = backward_rows(swiglu_block_backward, dh, cache.ffn)
+    else:
+        dx, grads = swiglu_block_backward(dh, cache.ffn)
     dh = np.add(dh, dx, out=dx)  # dh + dx, written over dx (ours)
     # h = h + attention_block(h)
     dx, grads_attn = attention_block_backward(dh, cache.attn)
