@@ -12,9 +12,8 @@ attention, Gemma's GeGLU and norms, recompute, and every subset of the targets):
   base arrays are not changed, and recompute gives the same gradients bit for bit;
 - with adapters, no cache keeps the input of a frozen product (the input a weight's gradient
   would need): none is computed, whichever feed-forward (SwiGLU, GeGLU) or attention kernel;
-- the feed-forward block run on row shards (model/rows.py, one thread per BLAS thread), frozen
-  or trained, gives the loss and gradients of one pass, to float64 rounding, whatever the rows
-  per shard.
+- the frozen feed-forward block run on row shares (model/rows.py, one thread per BLAS thread)
+  gives the loss and gradients of one pass, to float64 rounding, whatever the rows per shard.
 """
 
 from __future__ import annotations
@@ -273,22 +272,19 @@ def test_frozen_products_keep_no_input_so_no_weight_gradient_is_made(case):
 
 
 @SLOW
-@given(case=lora_models(), min_rows=st.integers(1, 4), adapted=st.booleans())
-def test_row_shards_give_the_gradients_of_one_pass(case, min_rows, adapted):
-    """Frozen (the adapters' gradients) or trained (every weight's: each shard's dW, summed)."""
+@given(case=lora_models(), min_rows=st.integers(1, 4))
+def test_row_shards_give_the_gradients_of_one_pass(case, min_rows):
     cfg, params, ad, x, y, _ = case
-    a = ad if adapted else None
     with threadpool_limits(1):  # one BLAS thread: one pass, no shards
-        loss, grads = loss_and_grads(params, cfg, x, y, adapters=a)
+        loss, grads = loss_and_grads(params, cfg, x, y, adapters=ad)
         assert rows.row_shards(x.size) is None
     with threadpool_limits(2), pytest.MonkeyPatch.context() as mp:
         mp.setattr(rows, "MIN_ROWS", min_rows)  # shards of a few rows: every boundary tried
         bounds = rows.row_shards(x.size)
         assert bounds is None or bounds[0][0] == 0 and bounds[-1][1] == x.size
-        _, cache = forward(params, cfg, x, adapters=a)
+        _, cache = forward(params, cfg, x, adapters=ad)
         assert isinstance(cache.layers[0].ffn, Sharded) == (bounds is not None)
-        loss_s, grads_s = loss_and_grads(params, cfg, x, y, adapters=a)
+        loss_s, grads_s = loss_and_grads(params, cfg, x, y, adapters=ad)
     assert loss_s == pytest.approx(loss, rel=1e-12)
-    assert list(grads_s) == list(grads)
     for k, g in grads.items():
         np.testing.assert_allclose(grads_s[k], g, rtol=1e-10, atol=1e-13, err_msg=k)

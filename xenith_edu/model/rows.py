@@ -1,14 +1,13 @@
 """A block whose rows are independent, run on row shards: one thread per BLAS thread, each with
 one BLAS thread, its products and its element-wise passes on a core of its own.
 
-Which blocks: the feed-forward block (rmsnorm and SwiGLU or GeGLU are row by row). Its
-backward sums over rows only in the weights' and gains' gradients: each shard makes those of its
-rows, and they are added here (frozen weights, LoRA: the gains' alone). Why: on two OpenBLAS
-threads each large product synchronises its threads many times, and on a shared machine a
-thread that waits for the other spins; two Python threads with one BLAS thread each meet once
-per block. Measured at Llama-3.2-1B's SwiGLU sizes, (256, 2048) by (2048, 8192) and back, on a
-loaded 2-core machine: 150 CPU ms against 240, wall time no longer. Also, NumPy's element-wise
-passes run on one core; here each shard's run on its own.
+Which blocks: a frozen layer's feed-forward block (LoRA): rmsnorm and SwiGLU are row by row,
+and with the weights frozen the backward sums nothing over rows but the gains' gradients (added
+here). Why: on two OpenBLAS threads each large product synchronises its threads many times, and
+on a shared machine a thread that waits for the other spins; two Python threads with one BLAS
+thread each meet once per block. Measured at Llama-3.2-1B's SwiGLU sizes, (256, 2048) by (2048,
+8192) and back, on a loaded 2-core machine: 150 CPU ms against 240, wall time no longer.
+Also, NumPy's element-wise passes run on one core; here each shard's run on its own.
 """
 
 from __future__ import annotations

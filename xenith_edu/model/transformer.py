@@ -384,7 +384,7 @@ class LayerCache(NamedTuple):
     """What `layer_backward` needs: the caches of the layer's two blocks."""
 
     attn: AttentionBlockCache
-    ffn: SwiGLUBlockCache | Sharded  # Sharded: the block run on row shards (model/rows.py)
+    ffn: SwiGLUBlockCache | Sharded  # Sharded: a frozen block run on row shards (model/rows.py)
 
 
 def layer_forward(
@@ -398,9 +398,9 @@ def layer_forward(
     out, attn = attention_block_forward(h, p, cfg, cos, sin, past, layer, lora)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection h + out (out is ours: its memory is reused)
     ffn: SwiGLUBlockCache | Sharded
-    bounds = None if past is not None else row_shards(h.shape[0])  # a shard per BLAS thread
-    if bounds is not None:  # row by row (the weights' gradients: each shard's, then summed)
-        out, ffn = forward_rows(swiglu_block_forward, h, bounds, p, cfg, lora is not None)
+    bounds = None if lora is None or past is not None else row_shards(h.shape[0])
+    if bounds is not None:  # frozen: row by row, a shard per BLAS thread
+        out, ffn = forward_rows(swiglu_block_forward, h, bounds, p, cfg, True)  # (N, d)
     else:
         out, ffn = swiglu_block_forward(h, p, cfg, lora is not None)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection
