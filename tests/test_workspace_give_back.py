@@ -96,3 +96,37 @@ def test_a_full_workspace_frees_each_layers_cache_as_the_backward_leaves_it():
             assert dead == [full] * cfg.n_layer
 
         _with_workspace(limit, lambda: (run(), run()))  # twice: from a used workspace too
+
+
+@settings(max_examples=50, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["take", "drop", "give"]), st.integers(0, 7)),
+                    max_size=60))
+def test_any_order_of_asking_dropping_and_giving_back_hands_out_only_free_arrays(ops):
+    """Whatever the order of `empty`, dropped holders and `give_back` on a full workspace (its
+    lists shrink under their search positions), `empty` returns an array nobody else holds."""
+    ws = Workspace(limit_bytes=4 * 400)  # four (10, 10) float32 arrays: full after four
+    held: list[np.ndarray] = []
+    for op, k in ops:
+        if op == "take":
+            a = ws.empty((10, 10), np.float32)
+            assert all(a is not h for h in held)
+            held.append(a)
+        elif op == "drop" and held:
+            held.pop(k % len(held))
+        elif op == "give" and held:
+            ws.give_back(held.pop(k % len(held)))
+
+
+def test_a_list_shrunk_below_its_search_position_is_searched_from_its_head():
+    """The search position of a list (where the last free array was found) may lie beyond
+    its end once `give_back` has shortened it: `empty` still finds the free array."""
+    ws = Workspace(limit_bytes=4 * 400)
+    a, b, c, d = (ws.empty((10, 10), np.float32) for _ in range(4))  # kept: full
+    e = ws.empty((10, 10), np.float32)  # declined: the workspace is full
+    del c
+    c = ws.empty((10, 10), np.float32)  # found at index 2: the next search starts at 3
+    for held in (a, b, c):
+        ws.give_back(held)  # the list is [d] now
+    del d
+    f = ws.empty((10, 10), np.float32)
+    assert all(f is not h for h in (a, b, c, e))

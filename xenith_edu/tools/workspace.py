@@ -83,7 +83,10 @@ class Workspace:
         if arrays is None:  # first ask with this spelling: np.float32 and dtype("float32") meet
             arrays = self._arrays.setdefault((shape, np.dtype(dtype)), [])
             self._arrays[key] = arrays
-        i = _free_index(arrays, self._next.get(id(arrays), 0), _FREE_REFS)  # nobody holds it
+        start = self._next.get(id(arrays), 0)
+        if start >= len(arrays):  # the list shrank since (`give_back`): start from its head
+            start = 0
+        i = _free_index(arrays, start, _FREE_REFS)  # nobody holds it
         if i >= 0:
             self._next[id(arrays)] = i + 1 if i + 1 < len(arrays) else 0
             return arrays[i]
