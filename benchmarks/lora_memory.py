@@ -8,7 +8,8 @@ o (peft's LoraConfig, no dropout). A step is forward, loss, backward, clipping, 
 adapters. Each side runs in a fresh process of its own; its memory is Linux's VmRSS once the
 weights are made, and the step's peak: VmHWM (the resident high-water mark, reset once the
 weights are made) over the warm-up and timed steps; its time, the median wall and CPU seconds
-of the timed steps (on a busy machine the CPU time is the steadier figure). NumPy runs once per
+of the timed steps (on a busy machine the CPU time is the steadier figure; "load" is the
+machine's load average when the steps start and end: the neighbours). NumPy runs once per
 BLAS kernel (the one the environment sets, OpenBLAS's own, and one forced with --force), as the
 other benchmarks do.
 Run: python benchmarks/lora_memory.py [--layers 16] [--steps 2] [--threads 2]
@@ -76,6 +77,7 @@ def ours(layers: int, steps: int) -> dict:
     weights = rss("VmRSS:")
     reset_peak()
     times, cpu = [], []
+    load = os.getloadavg()[0]  # the machine's load average as the steps start: the neighbours
     for i in range(steps + 1):  # the first warms up: the workspace's arrays are made there
         t0, c0 = time.perf_counter(), time.process_time()
         loss, _ = train_step(ad, m, v, i, 1e-4, cfg, tc, x, y, run.loss_and_grads)
@@ -85,7 +87,8 @@ def ours(layers: int, steps: int) -> dict:
     blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
     kernel = f"{blas[0].get('internal_api')} {blas[0].get('architecture')}" if blas else "?"
     return {"start": start, "weights": weights, "peak": rss("VmHWM:"), "seconds": times, "cpu": cpu,
-            "loss": loss, "params": sum(p.size for p in params.values()), "kernel": kernel}
+            "loss": loss, "params": sum(p.size for p in params.values()), "kernel": kernel,
+            "load": [load, os.getloadavg()[0]]}
 
 
 def torch_peft(layers: int, steps: int, threads: int) -> dict:
@@ -115,6 +118,7 @@ def torch_peft(layers: int, steps: int, threads: int) -> dict:
     weights = rss("VmRSS:")
     reset_peak()
     times, cpu = [], []
+    load = os.getloadavg()[0]
     for i in range(steps + 1):
         t0, c0 = time.perf_counter(), time.process_time()
         logits = model(input_ids=x).logits
@@ -130,7 +134,8 @@ def torch_peft(layers: int, steps: int, threads: int) -> dict:
             cpu.append(time.process_time() - c0)
     n = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     return {"start": start, "weights": weights, "peak": rss("VmHWM:"), "seconds": times, "cpu": cpu,
-            "loss": float(loss), "params": n, "kernel": f"torch {torch.__version__}"}
+            "loss": float(loss), "params": n, "kernel": f"torch {torch.__version__}",
+            "load": [load, os.getloadavg()[0]]}
 
 
 def kernels(forced: list[str], threads: int) -> dict[str, dict]:
@@ -165,12 +170,14 @@ def report(results: dict[str, dict]) -> None:
     gib = 2.0 ** 30
     t = results["torch + peft"]
     print(f"{'':22} {'weights GiB':>11} {'step peak GiB':>13} {'s / step':>9} "
-          f"{'CPU s':>7} {'peak / torch':>12} {'time / torch':>12} {'CPU / torch':>11}  kernel")
+          f"{'CPU s':>7} {'peak / torch':>12} {'time / torch':>12} {'CPU / torch':>11} "
+          f"{'load':>9}  kernel")
     for name, r in results.items():
         sec, cpu = median(r["seconds"]), median(r["cpu"])
         print(f"{name:22} {r['weights'] / gib:11.2f} {r['peak'] / gib:13.2f} {sec:9.2f} "
               f"{cpu:7.2f} {r['peak'] / t['peak']:12.2f} {sec / median(t['seconds']):12.2f} "
-              f"{cpu / median(t['cpu']):11.2f}  {r['kernel']}")
+              f"{cpu / median(t['cpu']):11.2f} {r['load'][0]:4.1f}-{r['load'][1]:<4.1f}"
+              f"  {r['kernel']}")
     print(f"(frozen parameters: {t['params']:,}; losses: "
           + ", ".join(f"{n} {r['loss']:.4f}" for n, r in results.items()) + ")")
 

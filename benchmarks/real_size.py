@@ -143,6 +143,26 @@ def summary(results: dict[str, list[dict]]) -> dict:
             "rounds": {lib: [round(r["step_s"], 3) for r in rs] for lib, rs in results.items()}}
 
 
+def table(results: dict[str, list[dict]], out: dict) -> str:
+    """The figures side by side: each library's medians, then NumPy's as a fraction of
+    PyTorch's (issue 41's targets: wall and CPU time at most 0.5, peak memory at most 0.8),
+    and the wall ratio of each round (its two processes ran one after the other)."""
+    med = out["median"]
+    lines = [f"{'':16} {'wall s/step':>11} {'CPU s/step':>10} {'peak MiB':>9} "
+             f"{'above weights':>13}"]
+    for lib in ("numpy", "torch"):
+        m = med[lib]
+        lines.append(f"{lib:16} {m['step_s']:11.3f} {m['cpu_s']:10.3f} {m['peak_rss_mib']:9.0f} "
+                     f"{m['peak_above_weights_mib']:13.0f}")
+    lines.append(f"{'numpy / torch':16} {out['ratio_numpy_over_torch']:11.2f} "
+                 f"{out['cpu_ratio_numpy_over_torch']:10.2f} {out['peak_ratio']:9.2f}"
+                 "   (targets: wall <= 0.5, CPU <= 0.5, peak <= 0.8)")
+    rounds = [n["step_s"] / t["step_s"] for n, t in zip(results["numpy"], results["torch"],
+                                                         strict=True)]
+    lines.append("wall ratio by round: " + ", ".join(f"{r:.2f}" for r in rounds))
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
@@ -165,7 +185,11 @@ def main() -> None:
                   f"({res['peak_above_weights_mib']:.0f} above the weights)  loss "
                   f"{res['loss']:.5f}", file=sys.stderr, flush=True)
     out = summary(results)
-    print(json.dumps(out) if args.json else json.dumps(out, indent=1))
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(json.dumps(out, indent=1))
+    print(table(results, out))
 
 
 if __name__ == "__main__":

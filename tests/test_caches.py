@@ -92,6 +92,9 @@ TRACED_LORA = [
           qk_norm=True), np.float64, LoraSpec(3, 6.0, ("q", "k", "v", "o"))),
     (dict(vocab_size=9, n_embd=16, n_head=2, n_layer=1, seq_len=5, tie_embeddings=False,
           attention="flash", flash_block=2), np.float32, LoraSpec(2, 16.0, ("v", "o"))),
+    (dict(vocab_size=10, n_embd=12, n_head=2, n_kv_head=1, n_layer=1, seq_len=6, head_width=8,
+          activation="gelu_tanh", norm_plus_one=True, post_norms=True, scale_embeddings=True),
+     np.float32, LoraSpec(2, 4.0, ("q", "k", "o"))),  # Gemma's frozen GeGLU
 ]
 
 

@@ -2,14 +2,18 @@
 
 Invariants, each over generated cases (hypothesis: shapes, ranks, scales, leading axes; model
 configs with grouped heads, biases, QK-norm, a head width of its own, untied embeddings, flash
-attention, recompute, and every subset of the targets):
+attention, Gemma's GeGLU and norms, recompute, and every subset of the targets):
 - lora_backward is the vector-Jacobian product of lora_forward (float64 finite differences);
 - the adapted model computes what the merged model (W + scale A.T B.T) computes;
 - the adapters' gradients are the frozen weight's own gradient G (n, m) carried through the
   factorisation: dA = scale B.T G.T, dB = scale G.T A.T (G from the merged model's backward);
 - they match finite differences of the adapted model's loss;
 - with adapters, no base parameter's gradient is made (only the adapters' keys come back), the
-  base arrays are not changed, and recompute gives the same gradients bit for bit.
+  base arrays are not changed, and recompute gives the same gradients bit for bit;
+- with adapters, no cache keeps the input of a frozen product (the input a weight's gradient
+  would need): none is computed, whichever feed-forward (SwiGLU, GeGLU) or attention kernel;
+- the frozen feed-forward block run on row shares (model/rows.py, one thread per BLAS thread)
+  gives the loss and gradients of one pass, to float64 rounding, whatever the rows per shard.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from threadpoolctl import threadpool_limits
 
 from xenith_edu.lora import lora_backward, lora_forward, lora_init
-from xenith_edu.model import Config, loss_and_grads, random_params
+from xenith_edu.model import Config, forward, loss_and_grads, random_params, rows
 from xenith_edu.model.adapters import (
     TARGETS,
     Adapters,
@@ -30,6 +35,7 @@ from xenith_edu.model.adapters import (
     merged,
     target_size,
 )
+from xenith_edu.model.rows import Sharded
 from xenith_edu.tools.gradcheck import check_gradient
 
 SLOW = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -91,6 +97,9 @@ def lora_models(draw):
         kw["head_width"] = hd
     if draw(st.booleans()):
         kw.update(attention="flash", flash_block=draw(st.integers(1, 3)))
+    if draw(st.booleans()):  # Gemma 3's pieces: GeGLU, gains 1 + w, post-norms, scaled embedding
+        kw.update(activation="gelu_tanh", norm_plus_one=True, post_norms=True,
+                  scale_embeddings=True)
     cfg = Config(**kw)
     targets = tuple(draw(st.sets(st.sampled_from(list(TARGETS)), min_size=1)))
     most = min(3, *(min(target_size(cfg, t)) for t in targets))  # a rank the model holds
@@ -225,3 +234,57 @@ def test_model_refuses_damaged_adapters_naming_them(damage, rng):
     x = rng.integers(0, 9, (1, 4))
     with pytest.raises((ValueError, TypeError), match="adapters"):
         loss_and_grads(params, cfg, x, x, adapters=bad)
+
+
+FROZEN_INPUTS = {  # cache type -> the fields that only a frozen weight's gradient would read
+    "LinearCache": ("x",), "SwiGLUCache": ("x", "ha", "w13"), "GeGLUCache": ("x", "ha"),
+    "HeadCache": ("xf",),
+}
+
+
+def _named(obj, path):
+    """Every named tuple inside a model cache, with its path (lists, dicts and tuples opened)."""
+    if hasattr(obj, "_fields"):
+        yield path, obj
+        for f in obj._fields:
+            yield from _named(getattr(obj, f), f"{path}.{f}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _named(v, f"{path}[{i}]")
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _named(v, f"{path}[{k!r}]")
+
+
+@SLOW
+@given(case=lora_models())
+def test_frozen_products_keep_no_input_so_no_weight_gradient_is_made(case):
+    cfg, params, ad, x, _, _ = case
+    _, cache = forward(params, cfg, x, adapters=ad)
+    seen = set()
+    for path, c in _named(cache, "cache"):
+        kind = type(c).__name__
+        for field in FROZEN_INPUTS.get(kind, ()):
+            seen.add(kind)
+            assert getattr(c, field) is None, f"{path}.{field} is kept for a frozen weight"
+    ffn = "GeGLUCache" if cfg.activation == "gelu_tanh" else "SwiGLUCache"
+    assert {"LinearCache", "HeadCache", ffn} <= seen  # the walk reached every frozen product
+
+
+@SLOW
+@given(case=lora_models(), min_rows=st.integers(1, 4))
+def test_row_shards_give_the_gradients_of_one_pass(case, min_rows):
+    cfg, params, ad, x, y, _ = case
+    with threadpool_limits(1):  # one BLAS thread: one pass, no shards
+        loss, grads = loss_and_grads(params, cfg, x, y, adapters=ad)
+        assert rows.row_shards(x.size) is None
+    with threadpool_limits(2), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rows, "MIN_ROWS", min_rows)  # shards of a few rows: every boundary tried
+        bounds = rows.row_shards(x.size)
+        assert bounds is None or bounds[0][0] == 0 and bounds[-1][1] == x.size
+        _, cache = forward(params, cfg, x, adapters=ad)
+        assert isinstance(cache.layers[0].ffn, Sharded) == (bounds is not None)
+        loss_s, grads_s = loss_and_grads(params, cfg, x, y, adapters=ad)
+    assert loss_s == pytest.approx(loss, rel=1e-12)
+    for k, g in grads.items():
+        np.testing.assert_allclose(grads_s[k], g, rtol=1e-10, atol=1e-13, err_msg=k)

@@ -29,7 +29,8 @@ GELU_A = 0.044715  # a of the tanh form
 class GeGLUCache(NamedTuple):
     """What `geglu_backward` needs: each product's input and weight, and the gate's pieces."""
 
-    x: np.ndarray  # (N, d) the input, flattened: for dw1 = x.T @ dh1 and dw3 = x.T @ dh3
+    x: np.ndarray | None  # (N, d) the input, flattened: for dw1 = x.T @ dh1 and dw3 = x.T @ dh3
+    # (None, and ha None, when the weights are frozen: LoRA; no weight gradient is made)
     x_shape: tuple[int, ...]  # the input's shape (..., d), to give dx the same
     w1: np.ndarray  # (d, f) the gate projection: for dx
     w3: np.ndarray  # (d, f) the up projection: for dx
@@ -38,7 +39,7 @@ class GeGLUCache(NamedTuple):
     h3: np.ndarray  # (N, f) the up projection x @ w3: for dh1
     t: np.ndarray  # (N, f) tanh(c (h1 + a h1^3)): for gelu'(h1) without another tanh
     gate: np.ndarray  # (N, f) gelu(h1): for dh3
-    ha: np.ndarray  # (N, f) the gated hidden gelu(h1) * h3, input of w2: for dw2
+    ha: np.ndarray | None  # (N, f) the gated hidden gelu(h1) * h3, input of w2: for dw2
 
 
 def gelu_tanh(z: np.ndarray) -> np.ndarray:
@@ -74,13 +75,14 @@ def geglu_forward(
 
 def geglu_backward(
     dout: np.ndarray, cache: GeGLUCache
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients `(dx, dw1, dw3, dw2)` of GeGLU given `dout` (..., d)."""
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """Gradients `(dx, dw1, dw3, dw2)` of GeGLU given `dout` (..., d). The weights' are None
+    when the cache holds no input of their products (frozen weights: none is computed)."""
     x2, x_shape, w1, w3, w2, h1, h3, t, gate, ha = cache
-    (N, f), d, dtype = h1.shape, x2.shape[1], dout.dtype
+    (N, f), d, dtype = h1.shape, w1.shape[0], dout.dtype
     dout2 = dout.reshape(-1, d)  # (N, d)
     # out = ha @ w2
-    dw2 = np.matmul(ha.T, dout2, out=empty((f, d), dtype))  # (f, d)
+    dw2 = None if ha is None else np.matmul(ha.T, dout2, out=empty((f, d), dtype))  # (f, d)
     dha = np.matmul(dout2, w2.T, out=empty((N, f), dtype))  # (N, f)
     # ha = gelu(h1) * h3
     dh3 = np.multiply(dha, gate, out=empty((N, f), dtype))  # (N, f)
@@ -97,6 +99,8 @@ def geglu_backward(
     # h1 = x @ w1, h3 = x @ w3: x fans out to both, so dx sums both paths
     dx = np.matmul(dh1, w1.T, out=empty((N, d), dtype))  # (N, d)
     dx += dh3 @ w3.T
+    if x2 is None:  # frozen: no dw1, dw3
+        return dx.reshape(x_shape), None, None, dw2
     dw1 = np.matmul(x2.T, dh1, out=empty((d, f), dtype))  # (d, f)
     dw3 = np.matmul(x2.T, dh3, out=empty((d, f), dtype))  # (d, f)
     return dx.reshape(x_shape), dw1, dw3, dw2

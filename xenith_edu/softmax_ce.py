@@ -25,11 +25,25 @@ class SoftmaxCECache(NamedTuple):
     positions: int  # N, the positions the mean is over (those not ignored)
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    z = np.subtract(logits, logits.max(axis=-1, keepdims=True), out=empty_like(logits))
-    # z (..., V) has a row max of 0: exp cannot overflow
-    np.exp(z, out=z)
-    z /= z.sum(axis=-1, keepdims=True)
+BLOCK = 2 ** 19  # numbers per block of rows (2 MiB of float32): a block's passes stay in cache
+
+
+def _softmax(logits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """softmax over the last axis, into `out` (which may be `logits` itself) or a new array.
+
+    A block of rows at a time: each row's numbers are the same as in one pass over the whole
+    array (every step is a row's own), but the block's five passes (max, shift, exp, sum,
+    divide) read it from the cache, not from memory: a real vocabulary's (N, V) logits are
+    hundreds of MB (Llama-3.2-1B's at S = 256: 131 MB)."""
+    z = empty_like(logits) if out is None else out  # (..., V)
+    V = logits.shape[-1]
+    rows, zs = logits.reshape(-1, V), z.reshape(-1, V)  # (N, V) views
+    step = max(1, BLOCK // max(V, 1))
+    for i in range(0, rows.shape[0], step):
+        r, b = rows[i:i + step], zs[i:i + step]  # (rows, V)
+        np.subtract(r, r.max(axis=-1, keepdims=True), out=b)  # a row max of 0: no overflow
+        np.exp(b, out=b)
+        b /= b.sum(axis=-1, keepdims=True)
     return z  # (..., V) probabilities, rows sum to 1
 
 
@@ -44,16 +58,18 @@ def per_token_loss(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def softmax_ce_forward(
-    logits: np.ndarray, targets: np.ndarray, ignore_index: int | None = None
+    logits: np.ndarray, targets: np.ndarray, ignore_index: int | None = None,
+    out: np.ndarray | None = None,
 ) -> tuple[float, SoftmaxCECache]:
     """Mean cross-entropy over the positions whose target is not `ignore_index`, and the cache.
 
     loss = mean_n -log softmax(logits_n)[y_n] over the counted positions (all of them when
     `ignore_index` is None: a padding token's positions are left out, as transformers' -100
     labels are). With no position counted the loss is 0 and so is its gradient.
-    See the softmax cross-entropy chapter.
+    See the softmax cross-entropy chapter. `out` (C-contiguous, shaped as logits; it may be
+    `logits` itself, which the caller then gives up) receives the cache's array.
     """
-    p = _softmax(logits)  # (..., V), becomes p - onehot(y) in place (p is our own array)
+    p = _softmax(logits, out)  # (..., V), becomes p - onehot(y) in place (p is our own)
     safe = targets
     keep = None
     if ignore_index is not None:
@@ -92,13 +108,16 @@ def _scaled(dloss: float, cache: SoftmaxCECache, out: np.ndarray) -> np.ndarray:
 
 
 def softmax_cross_entropy(
-    logits: np.ndarray, targets: np.ndarray, ignore_index: int | None = None
+    logits: np.ndarray, targets: np.ndarray, ignore_index: int | None = None,
+    out: np.ndarray | None = None,
 ) -> tuple[float, np.ndarray]:
     """Mean cross-entropy over all positions and its gradient `dlogits` (same shape/dtype).
 
     loss = mean_n -log softmax(logits_n)[y_n];  dlogits = (softmax(logits) - onehot(y)) / N.
     `ignore_index`: positions with that target count for neither (see `softmax_ce_forward`).
-    See the softmax cross-entropy chapter.
+    `out`: where dlogits is written (C-contiguous; `logits` itself when the caller gives them
+    up, as the model's backward does: no second (N, V) array). See the softmax cross-entropy
+    chapter.
     """
-    loss, cache = softmax_ce_forward(logits, targets, ignore_index)
+    loss, cache = softmax_ce_forward(logits, targets, ignore_index, out)
     return loss, _scaled(1.0, cache, out=cache.p)  # the cache is ours alone: reuse its array

@@ -2,9 +2,10 @@
 The fast form the model runs; the readable form is the SwiGLU chapter's ("A readable
 implementation"), which derives the backward through the gate, the up and the down projections.
 
-Fast how: one product for both projections (with w1 halved, so that the gate is
-(h1 / 2)(1 + tanh(h1 / 2)) in three passes), buffers from the workspace, element-wise passes in
-place; the same values as the readable form to float32 rounding. No input checks: the model
+Fast how: the gate and up projections written into one stacked (2, N, f) array, the gate's
+halved (so that the gate is (h1 / 2)(1 + tanh(h1 / 2)) in three passes), buffers from the
+workspace, element-wise passes in place, no copy of a weight; the same values as the readable
+form to float32 rounding. No input checks: the model
 checks at its boundary. Measured figures are in benchmarks/README.md.
 """
 
@@ -19,6 +20,13 @@ from .tools.workspace import empty
 # Shape legend: N positions (any leading axes ... are flattened), d width, f hidden.
 
 
+class GateUpWeights(NamedTuple):
+    """The gate and up projections as the caller holds them: what dx reads when no stack is."""
+
+    w1: np.ndarray  # (d, f) the gate projection: for dx = du @ w1.T / 2
+    w3: np.ndarray  # (d, f) the up projection: for dx += dh3 @ w3.T
+
+
 class SwiGLUCache(NamedTuple):
     """What `swiglu_backward` needs: each product's input and weight, and the gate's pieces
     (h3, sig2, gate), to differentiate silu(h1) * h3 without computing another tanh."""
@@ -26,14 +34,15 @@ class SwiGLUCache(NamedTuple):
     x: np.ndarray | None  # (N, d) the input, flattened: for [2 dw1, dw3] = x.T @ [du, dh3]
     # (None, and ha None, when the weights are frozen: LoRA; no weight gradient is made)
     x_shape: tuple[int, ...]  # the input's shape (..., d), to give dx the same
-    w13: np.ndarray | None  # (2, d, f) [w1 / 2, w3] stacked (see swiglu_forward): for dx
+    w13: np.ndarray | None  # (2, d, f) [w1 / 2, w3] stacked, when the caller gave it
+    # (`swiglu_forward`'s w13, decoding's): for dx; None otherwise, and w1w3 holds the weights
     w2: np.ndarray  # (f, d) the down projection: for dha = dout @ w2.T
     h3: np.ndarray  # (N, f) the up projection x @ w3: for dh1
     sig2: np.ndarray  # (N, f) 2 sigmoid(h1) = 1 + tanh(h1 / 2): for silu'(h1)
     gate: np.ndarray  # (N, f) silu(h1): for dh3 and silu'(h1)
     ha: np.ndarray | None  # (N, f) the gated hidden silu(h1) * h3, input of w2: for dw2
-    w1w3: tuple[np.ndarray, np.ndarray] | None = None  # frozen weights (LoRA): w13 is None and
-    # dx reads w1 (d, f) and w3 (d, f) as they are, so no stacked (2, d, f) copy is kept
+    w1w3: GateUpWeights | None = None  # w1 (d, f) and w3 (d, f) as they are,
+    # when no stack was given: dx reads them, so no stacked (2, d, f) copy is made or kept
 
 
 def sigmoid(z: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -91,16 +100,21 @@ def swiglu_forward(
     # silu(h1) = h1 sigmoid(h1) = (h1 / 2) (1 + tanh(h1 / 2)): the product computes u = h1 / 2
     # directly, with w1 / 2 (halving is exact in floating point), and the gate takes three
     # passes over (N, f) where 1 / (1 + exp(-h1)) took four, then one more for h1 * sigmoid
-    if w13 is None:
-        w13 = stacked_gate_up(w1, w3, empty((2, d, f), dtype))  # (2, d, f) [w1 / 2, w3]
-    h13 = np.matmul(x2, w13, out=empty((2, N, f), dtype))  # (2, N, f)
+    h13 = empty((2, N, f), dtype)  # (2, N, f)
     u, h3 = h13  # (N, f) half the gate pre-activation h1 / 2, (N, f) up projection
+    if w13 is None:  # x @ (w1 / 2) is (x @ w1) / 2 to the bit (halving is exact): two products
+        np.matmul(x2, w1, out=u)  # into the stack, and no (2, d, f) copy of the weights
+        u *= 0.5  # (at Llama-3.2-1B's shape the copy took 50 ms a layer, a fifth of the block)
+        np.matmul(x2, w3, out=h3)
+    else:
+        np.matmul(x2, w13, out=h13)
     sig2 = np.tanh(u, out=empty((N, f), dtype))  # (N, f)
     sig2 += 1.0  # 1 + tanh(h1 / 2) = 2 sigmoid(h1)
     gate = np.multiply(u, sig2, out=empty((N, f), dtype))  # (N, f) silu(h1)
     ha = np.multiply(gate, h3, out=empty((N, f), dtype))  # (N, f) gated hidden
     out = np.matmul(ha, w2, out=empty((N, d), dtype)).reshape(x.shape)  # (..., d)
-    return out, SwiGLUCache(x2, x.shape, w13, w2, h3, sig2, gate, ha)
+    return out, SwiGLUCache(x2, x.shape, w13, w2, h3, sig2, gate, ha,
+                            None if w13 is not None else GateUpWeights(w1, w3))
 
 
 def swiglu_backward(
@@ -124,15 +138,16 @@ def swiglu_backward(
     du *= h3
     du *= dha
     dh3 *= gate  # ... and dh3 = dha * silu(h1), in place over dha
-    if w13 is None and w1w3 is not None:  # frozen: dx = du @ w1.T / 2 + dh3 @ w3.T, no dW
-        dx = np.matmul(du, w1w3[0].T, out=empty((N, d), dtype))  # (N, d)
-        dx *= 0.5  # u = x @ (w1 / 2): halving is exact
-        dx += np.matmul(dh3, w1w3[1].T, out=empty((N, d), dtype))
-        return dx.reshape(x_shape), None, None, dw2
-    assert w13 is not None  # swiglu_forward's stack (None only with w1w3, above)
     # h13 = x @ [w1 / 2, w3]: x fans out to both projections, so dx sums both paths.
-    dx13 = np.matmul(dh13, w13.transpose(0, 2, 1), out=empty((2, N, d), dtype))  # (2, N, d)
-    dx = np.add(dx13[0], dx13[1], out=empty((N, d), dtype))  # (N, d) = du @ w1.T / 2 + dh3 @ w3.T
+    if w1w3 is not None:  # the weights as they are: dx = du @ w1.T / 2 + dh3 @ w3.T
+        dx = np.matmul(du, w1w3[0].T, out=empty((N, d), dtype))  # (N, d)
+        dx *= 0.5  # u = x @ (w1 / 2): halving is exact, the same bits as with the stack
+        dx += np.matmul(dh3, w1w3[1].T, out=empty((N, d), dtype))
+    else:  # the stack [w1 / 2, w3] that the caller gave (decoding's)
+        assert w13 is not None
+        dx13 = np.matmul(dh13, w13.transpose(0, 2, 1), out=empty((2, N, d), dtype))  # (2,
+        # N, d)
+        dx = np.add(dx13[0], dx13[1], out=empty((N, d), dtype))  # (N, d)
     if x2 is None:  # frozen weights: no dw1, dw3
         return dx.reshape(x_shape), None, None, dw2
     dw13 = np.matmul(x2.T, dh13, out=empty((2, d, f), dtype))  # (2, d, f) = [dw1 * 2, dw3]

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..lora import LoraCache, lora_backward, lora_forward, lora_init
+from .blas import one_blas_thread
 from .config import Config
 
 # Shape legend: L layers, r rank, d width, dq = H * hd query width, dkv = Hkv * hd key/value
@@ -174,10 +175,12 @@ def adapt_qkv(qkv: np.ndarray, xb: np.ndarray, lora: LayerLora, cfg: Config
     """Each adapter of q, k, v added, in place, to its columns of qkv (N, dq + 2dkv): the frozen
     product's output plus scale * (xb @ A.T) @ B.T. Returns their caches by target."""
     caches = {}
-    for t, cols in qkv_columns(cfg.q_dim, cfg.kv_dim).items():
-        if t in lora.A:
-            delta, caches[t] = lora_forward(xb, lora.A[t], lora.B[t], lora.scale)  # (N, m)
-            qkv[:, cols] += delta
+    rank = next(iter(lora.A.values())).shape[0]
+    with one_blas_thread(qkv.shape[0], qkv.shape[1], rank):  # thin products
+        for t, cols in qkv_columns(cfg.q_dim, cfg.kv_dim).items():
+            if t in lora.A:
+                delta, caches[t] = lora_forward(xb, lora.A[t], lora.B[t], lora.scale)  # (N, m)
+                qkv[:, cols] += delta
     return caches
 
 
@@ -185,8 +188,10 @@ def lora_qkv_grads(dqkv: np.ndarray, dxb: np.ndarray, caches: dict[str, LoraCach
                     grads: dict, dq: int, dkv: int) -> None:
     """The adapters of q, k, v in reverse: each reads its columns of dqkv (N, dq + 2dkv); their
     dA, dB go into grads, their dx add (in place) to dxb (N, d): xb fans out to them too."""
-    for t, cols in qkv_columns(dq, dkv).items():
-        if t in caches:
-            dx, grads[f"lora_A.{t}"], grads[f"lora_B.{t}"] = lora_backward(dqkv[:, cols],
-                                                                           caches[t])
-            dxb += dx
+    rank = max((c.u.shape[1] for c in caches.values()), default=0)
+    with one_blas_thread(dqkv.shape[0], dqkv.shape[1], rank):  # thin products
+        for t, cols in qkv_columns(dq, dkv).items():
+            if t in caches:
+                dx, grads[f"lora_A.{t}"], grads[f"lora_B.{t}"] = lora_backward(dqkv[:, cols],
+                                                                               caches[t])
+                dxb += dx

@@ -44,9 +44,15 @@ def head_backward(
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The head in reverse: `(dh, grads)` given dlogits (N, V); grads holds rms_final and the
     output projection's gradient (V, d), under "wte" when tied, else under "lm_head"."""
-    # logits = xf @ w_out.T: rules 1 and 2 of the notation page, with w_out transposed
-    dxf = np.matmul(dlogits, cache.w_out, out=empty((dlogits.shape[0], cache.w_out.shape[1]),
-                                                    dlogits.dtype))  # (N, d)
+    # logits = xf @ w_out.T: rules 1 and 2 of the notation page, with w_out transposed. dxf =
+    # dlogits @ w_out, made as its transpose w_out.T @ dlogits.T: the same sums, and OpenBLAS
+    # threads this form better over a long vocabulary (Llama-3.2-1B's 128256 rows: 1.1 against
+    # 1.7 s on two threads); the (d, N) result is then copied into the rows' order
+    N, d = dlogits.shape[0], cache.w_out.shape[1]
+    dxf_t = np.matmul(cache.w_out.T, dlogits.T, out=empty((d, N), dlogits.dtype))  # (d, N)
+    dxf = empty((N, d), dlogits.dtype)  # (N, d)
+    np.copyto(dxf, dxf_t.T)
+    del dxf_t
     # xf = rmsnorm(h, rms_final)
     dh, drms = rmsnorm_backward(dxf, cache.norm)  # (N, d), (d,)
     if cache.xf is None:  # frozen: no (V, d) gradient

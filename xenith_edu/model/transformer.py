@@ -44,7 +44,7 @@ from ..qk_norm import QKNormCache, qk_norm_backward, qk_norm_forward
 from ..rmsnorm import RMSNormCache, rmsnorm_backward, rmsnorm_forward
 from ..rope import RopeCache, rope_backward, rope_forward
 from ..softmax_ce import softmax_cross_entropy
-from ..swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
+from ..swiglu import GateUpWeights, SwiGLUCache, swiglu_backward, swiglu_forward
 from ..tools.workspace import empty, empty_like, give_back, return_freed
 from .adapters import (
     Adapters,
@@ -55,11 +55,13 @@ from .adapters import (
     layer_lora,
     lora_qkv_grads,
 )
+from .blas import one_blas_thread
 from .checks import check_params, check_targets, check_tokens
 from .config import Config, norm_offset, window_of
 from .ends import HeadCache, embed, embed_scale, head_backward, head_forward
 from .params import PARAM, layer_names, param_shapes
 from .positions import layer_tables, qk_rope_tables
+from .rows import Sharded, backward_rows, forward_rows, row_shards
 
 __all__ = [
     "AttentionBlockCache", "LayerCache", "ModelCache", "PastKV",
@@ -230,18 +232,21 @@ def attention_block_forward(
     if past is not None:  # decoding: keep the new keys and values, attend to those kept
         k, v, window = _with_past(past, k, v, window)  # (B, Hkv, P, hd), P <= pos + S
     attention: AttentionCache | FlashCache
-    if cfg.attention == "flash" and past is None:  # the same values, without (S, S) weights
-        a, attention = flash_attention_forward(q, k, v, cfg.flash_block, window)  # (B, H,
-        # S, hd)
-    else:  # (decoding's weights are (S, P), one row per new position: the plain form)
-        scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
-        a, attention = causal_attention_forward(q, k, v, window, scale)  # (B, H, S, hd)
+    with one_blas_thread(S * (H // Hkv), q.shape[-1], k.shape[2]):  # its small products
+        if cfg.attention == "flash" and past is None:  # the same values, no (S, S) weights
+            a, attention = flash_attention_forward(q, k, v, cfg.flash_block, window)  # (B,
+            # H, S, hd)
+        else:  # (decoding's weights are (S, P), one row per new position: the plain form)
+            scale = (None if cfg.query_pre_attn_scalar is None
+                     else cfg.query_pre_attn_scalar ** -0.5)
+            a, attention = causal_attention_forward(q, k, v, window, scale)  # (B, H, S, hd)
     am = merge_heads(a)  # (N, dq)
     out, out_cache = linear_forward(am, p["wo"])  # (N, d)
     if lora is not None and adapted is not None:
         out_cache = LinearCache(None, out_cache.w)  # frozen wo
         if "o" in lora.A:  # out += scale * (am @ A.T) @ B.T
-            delta, adapted["o"] = lora_forward(am, lora.A["o"], lora.B["o"], lora.scale)
+            with one_blas_thread(am.shape[0], am.shape[1], lora.A["o"].shape[0]):  # thin products
+                delta, adapted["o"] = lora_forward(am, lora.A["o"], lora.B["o"], lora.scale)
             out += delta
     post = None
     if cfg.post_norms:  # Gemma 3: the branch's output normalized before it joins the stream
@@ -275,15 +280,18 @@ def attention_block_backward(
     # out = merge_heads(a) @ wo
     dam, dwo = linear_backward(dout, cache.out)  # (N, dq), (dq, d) (None when frozen)
     if cache.lora and "o" in cache.lora:  # out += the adapter of wo: its dx adds to dam
-        dx, grads["lora_A.o"], grads["lora_B.o"] = lora_backward(dout, cache.lora["o"])
+        rank = cache.lora["o"].u.shape[1]
+        with one_blas_thread(dout.shape[0], dout.shape[1], rank):  # thin products
+            dx, grads["lora_A.o"], grads["lora_B.o"] = lora_backward(dout, cache.lora["o"])
         dam += dx
     da = split_heads(dam, B, S, H)  # (B, H, S, hd)
     # a = attention(q, k, v): dk and dv (B, Hkv, S, hd) sum the gradients of the query heads
     # that read each key/value head
-    if isinstance(cache.attention, FlashCache):
-        dqh, dkh, dvh = flash_attention_backward(da, cache.attention)
-    else:
-        dqh, dkh, dvh = causal_attention_backward(da, cache.attention)
+    with one_blas_thread(S * (H // Hkv), hd, cache.attention.k.shape[2]):  # small products
+        if isinstance(cache.attention, FlashCache):
+            dqh, dkh, dvh = flash_attention_backward(da, cache.attention)
+        else:
+            dqh, dkh, dvh = causal_attention_backward(da, cache.attention)
     # q, k, v = the heads of xb @ [wq | wk | wv]: their gradients go into the heads of the
     # fused product's gradient [dq | dk | dv] (N, dq + 2dkv)
     dqkv = empty((B * S, dq + 2 * dkv), dout.dtype)  # (N, dq + 2dkv)
@@ -337,11 +345,13 @@ def swiglu_block_forward(
     ffn: SwiGLUCache | GeGLUCache
     if cfg.activation == "gelu_tanh":  # GeGLU (Gemma): the gate is GELU's tanh form
         out, ffn = geglu_forward(x2b, p["w1"], p["w3"], p["w2"])  # (N, d)
+        if frozen:  # no input of a weight's product: no dW is made in the backward
+            ffn = ffn._replace(x=None, ha=None)
     else:
         out, ffn = swiglu_forward(x2b, p["w1"], p["w3"], p["w2"], p.get("w13"))  # (N, d); w13:
         # [w1 / 2, w3] when the caller stacked it once (decoding)
         if frozen:  # no input of a weight's product, no stacked copy of the weights
-            ffn = ffn._replace(x=None, ha=None, w13=None, w1w3=(p["w1"], p["w3"]))
+            ffn = ffn._replace(x=None, ha=None, w13=None, w1w3=GateUpWeights(p["w1"], p["w3"]))
     post = None
     if cfg.post_norms:  # Gemma 3: the branch's output normalized before it joins the stream
         out, post = rmsnorm_forward(out, p["rms_ffn_post"], cfg.norm_eps, one)  # (N, d)
@@ -374,7 +384,7 @@ class LayerCache(NamedTuple):
     """What `layer_backward` needs: the caches of the layer's two blocks."""
 
     attn: AttentionBlockCache
-    ffn: SwiGLUBlockCache
+    ffn: SwiGLUBlockCache | Sharded  # Sharded: a frozen block run on row shards (model/rows.py)
 
 
 def layer_forward(
@@ -387,7 +397,12 @@ def layer_forward(
     the layer's weights frozen) as `attention_block_forward` takes them."""
     out, attn = attention_block_forward(h, p, cfg, cos, sin, past, layer, lora)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection h + out (out is ours: its memory is reused)
-    out, ffn = swiglu_block_forward(h, p, cfg, lora is not None)  # (N, d)
+    ffn: SwiGLUBlockCache | Sharded
+    bounds = None if lora is None or past is not None else row_shards(h.shape[0])
+    if bounds is not None:  # frozen: row by row, a shard per BLAS thread
+        out, ffn = forward_rows(swiglu_block_forward, h, bounds, p, cfg, True)  # (N, d)
+    else:
+        out, ffn = swiglu_block_forward(h, p, cfg, lora is not None)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection
     return h, LayerCache(attn, ffn)
 
@@ -398,7 +413,10 @@ def layer_backward(
     """One layer in reverse, SwiGLU block first: the stream's gradient below the layer, and the
     gradients of the layer's parameters."""
     # h = h + swiglu_block(h): the stream passes dh on unchanged, the block adds its part.
-    dx, grads = swiglu_block_backward(dh, cache.ffn)
+    if isinstance(cache.ffn, Sharded):
+        dx, grads = backward_rows(swiglu_block_backward, dh, cache.ffn)
+    else:
+        dx, grads = swiglu_block_backward(dh, cache.ffn)
     dh = np.add(dh, dx, out=dx)  # dh + dx, written over dx (ours)
     # h = h + attention_block(h)
     dx, grads_attn = attention_block_backward(dh, cache.attn)
@@ -499,7 +517,9 @@ def backward(
 
     # loss = mean -log softmax(logits)[y]
     # (targets equal to the padding token, if the model has one, count for neither)
-    loss, dlogits = softmax_cross_entropy(cache.logits, y, cfg.pad_token_id)  # (B, S, V)
+    spent = cache.logits if release and cache.logits.flags.c_contiguous else None  # given up:
+    loss, dlogits = softmax_cross_entropy(cache.logits, y, cfg.pad_token_id, spent)  # (B, S,
+    # V) written over the logits when the cache is spent (no second (B, S, V) array)
     dh, grads = head_backward(dlogits.reshape(B * S, -1), cache.head)  # (N, d)
     del dlogits  # (B, S, V), read by nothing below: its memory can serve the layers' gradients
     ad = cache.adapters
