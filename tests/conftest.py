@@ -145,6 +145,7 @@ class TiedTests:
             keys.append(f"group {mark.args[0] if mark.args else mark.kwargs['name']}")
         return keys
 
+    @pytest.hookimpl(tryfirst=True)  # written before pytest-xdist reports the collection
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         parent: dict[str, str] = {}
 
@@ -225,10 +226,9 @@ class Controller:
             groups: dict[str, str] | None = None
 
             def _split_scope(self, nodeid: str) -> str:
-                if self.groups is None:
+                if self.groups is None:  # written before the collections came
                     path = run_folder() / GROUPS
-                    self.groups = (json.loads(path.read_text(encoding="utf-8"))
-                                   if path.exists() else {})
+                    self.groups = json.loads(path.read_text(encoding="utf-8"))
                 return self.groups.get(nodeid, nodeid)
 
         return TiedScheduling(config, log)
