@@ -20,11 +20,14 @@ book: $(STAMP)
 
 ## test: lint, types, unit tests, notebooks and the browser test of the built book. Each chapter
 ## runs twice: in full under nbval (every output compared, notebooks/sanitize.cfg) from a folder
-## of its own with the built wheel, and as its student version; tests/chapter_runs.py
+## of its own with the built wheel, and as its student version; tests/chapter_runs.py.
+## The tests run in JOBS processes (pytest-xdist); tests/conftest.py keeps together the tests
+## that share a fixture, so that each such fixture is made once per run
+JOBS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check xenith_edu tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -n $(JOBS) tests
 
 ## test-fast: the components, the model, the exercise checks and the floors, in well under a
 ## minute: the areas are tests/conftest.py's FAST (the GitHub workflow runs the same command)

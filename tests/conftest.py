@@ -11,11 +11,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pytest
+from filelock import FileLock
 
 HERE = Path(__file__).resolve().parent
 
@@ -56,25 +59,179 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+# The processes of one run (`make test` runs the tests in two, with pytest-xdist) share a
+# folder: the controller, the process that starts the others, makes it and names it here
+RUN_FOLDER_ENV = "XENITH_EDU_TEST_RUN"
+
+
+class Run(NamedTuple):
+    """The controller's own record of the run."""
+
+    folder: Path  # shared by the run's processes; removed when the run ends
+    previous: str | None  # RUN_FOLDER_ENV before the run (a run inside a test's run)
+
+
+RUN = pytest.StashKey[Run]()
+
+
+def is_worker(config: pytest.Config) -> bool:
+    """True in a pytest-xdist worker, a process the controller hands tests to."""
+    return hasattr(config, "workerinput")
+
+
+def run_folder() -> Path:
+    """This run's shared folder."""
+    return Path(os.environ[RUN_FOLDER_ENV])
+
+
+def clone_lock() -> FileLock:
+    """Held while a test writes into the clone (the book's build into _build) or checks what
+    a build leaves there (the wheel's): in two processes, such tests take turns."""
+    return FileLock(run_folder() / "clone.lock")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller makes the run's folder. Under pytest-xdist, the tests tied by a fixture
+    made once for several tests run in one process, one after the other (TiedTests)."""
+    if is_worker(config):
+        config.pluginmanager.register(TiedTests(), "xenith-edu-tied-tests")
+        return
+    config.stash[RUN] = Run(Path(tempfile.mkdtemp(prefix="xenith-edu-tests-")),
+                            os.environ.get(RUN_FOLDER_ENV))
+    os.environ[RUN_FOLDER_ENV] = str(config.stash[RUN].folder)
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(Controller(config), "xenith-edu-controller")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The chapters' runs end with the run (stopped, if it was cut short); no file stays."""
+    if RUN not in config.stash:  # a worker
+        return
+    runs = config.stash.get(RUNS, None)
+    if runs is not None:
+        if runs.proc.poll() is None:
+            os.killpg(runs.proc.pid, signal.SIGTERM)  # its own session: it and its kernels
+        runs.waiter.join()
+    run = config.stash[RUN]
+    shutil.rmtree(run.folder, ignore_errors=True)
+    if run.previous is None:
+        os.environ.pop(RUN_FOLDER_ENV, None)
+    else:
+        os.environ[RUN_FOLDER_ENV] = run.previous
+
+
+GROUPS = "groups.json"  # test id -> its group, written by the workers for the controller
+
+
+class TiedTests:
+    """A worker's groups: tests that share a fixture made once for several tests (of module or
+    class scope: their file; of session scope: that fixture), or that are marked with one
+    xdist_group, form one group, which the controller hands to one process (Controller): the
+    fixture is made once per run. The chapters' runs tie nothing: any process reads them
+    from the run's folder. (pytest-xdist's own --dist loadgroup does not see the marks under
+    pytest 9, whose test ids it can no longer suffix.)"""
+
+    @staticmethod
+    def shared(item: pytest.Item) -> list[str]:
+        info = getattr(item, "_fixtureinfo", None)
+        keys = []
+        for name, defs in (info.name2fixturedefs.items() if info is not None else ()):
+            fixture = defs[-1]
+            if fixture.scope == "function" or name in NEEDS_CHAPTERS or not fixture.baseid:
+                continue  # not shared, shared through the run's folder, or pytest's own
+            keys.append(name if fixture.scope in ("session", "package") else
+                        Path(str(item.path)).resolve().relative_to(HERE).as_posix())
+        for mark in item.iter_markers("xdist_group"):  # pytest-xdist's own mark, by hand
+            keys.append(f"group {mark.args[0] if mark.args else mark.kwargs['name']}")
+        return keys
+
+    @pytest.hookimpl(tryfirst=True)  # written before pytest-xdist reports the collection
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        parent: dict[str, str] = {}
+
+        def root(key: str) -> str:
+            while parent.setdefault(key, key) != key:
+                key = parent[key]
+            return key
+
+        tied = {item.nodeid: self.shared(item) for item in session.items}
+        for keys in tied.values():
+            for key in keys[1:]:
+                parent[root(key)] = root(keys[0])
+        groups = {nodeid: root(keys[0]) for nodeid, keys in tied.items() if keys}
+        part = run_folder() / f"{GROUPS}.{os.getpid()}"  # every worker writes the same
+        part.write_text(json.dumps(groups), encoding="utf-8")
+        os.replace(part, run_folder() / GROUPS)
+
+
 class ChapterRuns(NamedTuple):
-    """tests/chapter_runs.py at work in a process of its own."""
+    """tests/chapter_runs.py at work in a process of its own, the controller's child."""
 
     proc: subprocess.Popen
-    out: Path  # its folder: runs.json when it is done, log.txt
+    waiter: threading.Thread  # writes its exit status into its folder when it ends
 
 
 RUNS = pytest.StashKey[ChapterRuns]()
 NEEDS_CHAPTERS = {"chapter_runs", "full_runs", "student_runs"}
+CHAPTERS_WANTED = "chapters-wanted"  # a worker collected a test that reads the chapters' runs
 
 
-def _start_chapter_runs(config: pytest.Config) -> ChapterRuns:
-    out = Path(tempfile.mkdtemp(prefix="xenith-edu-chapters-"))
+def chapters_folder() -> Path:
+    """The chapters' runs' folder: log.txt; runs.json and then exit when they are done."""
+    return run_folder() / "chapters"
+
+
+def _start_chapter_runs(config: pytest.Config) -> None:
+    """Start the chapters' runs, once per run; only the controller does."""
+    if RUNS in config.stash:
+        return
+    out = chapters_folder()
+    out.mkdir()
     with open(out / "log.txt", "wb") as log:
         proc = subprocess.Popen([sys.executable, str(HERE / "chapter_runs.py"), str(out)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    config.stash[RUNS] = ChapterRuns(proc, out)
-    return config.stash[RUNS]
+
+    def note_the_end() -> None:
+        code = proc.wait()
+        (out / "exit.part").write_text(str(code), encoding="utf-8")
+        os.replace(out / "exit.part", out / "exit")
+
+    waiter = threading.Thread(target=note_the_end, daemon=True)
+    waiter.start()
+    config.stash[RUNS] = ChapterRuns(proc, waiter)
+
+
+class Controller:
+    """pytest-xdist's controller. It collects nothing: it starts the chapters' runs when a
+    worker has collected a test that reads them, before it hands out any test; and it hands
+    out the tests of a group (TiedTests) to one worker, the others one by one."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_xdist_node_collection_finished(self, node: object, ids: list[str]) -> None:
+        if (run_folder() / CHAPTERS_WANTED).exists():
+            _start_chapter_runs(self.config)
+
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: object) -> object:
+        if config.getoption("dist") not in ("load", "loadgroup"):
+            return None  # loadfile, loadscope, each...: pytest-xdist's own
+        from xdist.scheduler import LoadScopeScheduling
+
+        class TiedScheduling(LoadScopeScheduling):
+            """The groups of the workers' groups.json, largest first, then every other test
+            on its own, in the order of the collection (the chapters' readers last)."""
+
+            groups: dict[str, str] | None = None
+
+            def _split_scope(self, nodeid: str) -> str:
+                if self.groups is None:  # written before the collections came
+                    path = run_folder() / GROUPS
+                    self.groups = json.loads(path.read_text(encoding="utf-8"))
+                return self.groups.get(nodeid, nodeid)
+
+        return TiedScheduling(config, log)
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they deselect
@@ -89,18 +246,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if needs and not config.getoption("collectonly"):
         late = set(needs)
         items[:] = [i for i in items if i not in late] + needs
-        _start_chapter_runs(config)
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The chapters' runs end with the session (stopped, if it was cut short); no file stays."""
-    runs = session.config.stash.get(RUNS, None)
-    if runs is None:
-        return
-    if runs.proc.poll() is None:
-        os.killpg(runs.proc.pid, signal.SIGTERM)  # its own session: it and its kernels
-        runs.proc.wait()
-    shutil.rmtree(runs.out, ignore_errors=True)
+        if is_worker(config):  # the controller starts them (Controller)
+            (run_folder() / CHAPTERS_WANTED).touch()
+        else:
+            _start_chapter_runs(config)
 
 
 @pytest.fixture(scope="session")
@@ -109,12 +258,18 @@ def chapter_runs(request: pytest.FixtureRequest) -> dict:
     made by tests/chapter_runs.py in a process of its own, started when the session began."""
     import chapter_runs  # here, not at the top: --fast needs no notebook machinery
 
-    runs = request.config.stash.get(RUNS, None) or _start_chapter_runs(request.config)
-    runs.proc.wait()
-    done = runs.out / "runs.json"
-    if runs.proc.returncode != 0 or not done.exists():
-        said = (runs.out / "log.txt").read_text(encoding="utf-8", errors="replace")
-        pytest.fail(f"the chapters' runs failed (exit {runs.proc.returncode}):\n{said[-4000:]}")
+    out = chapters_folder()
+    if not out.exists():
+        if is_worker(request.config):
+            pytest.fail("the chapters' runs were not started (the controller starts them)")
+        _start_chapter_runs(request.config)
+    while not (out / "exit").exists():  # polled: the runs may be another process's child
+        time.sleep(0.2)
+    code = int((out / "exit").read_text(encoding="utf-8"))
+    done = out / "runs.json"
+    if code != 0 or not done.exists():
+        said = (out / "log.txt").read_text(encoding="utf-8", errors="replace")
+        pytest.fail(f"the chapters' runs failed (exit {code}):\n{said[-4000:]}")
     got = json.loads(done.read_text(encoding="utf-8"))
     return {"full": {k: chapter_runs.FullRun(**v) for k, v in got["full"].items()},
             "student": {k: chapter_runs.StudentRun(**v) for k, v in got["student"].items()}}

@@ -63,7 +63,19 @@ def require(condition: bool, reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def built_book() -> Path:
-    """Build the book (incremental: fast when nothing changed); fail with the build's log."""
+    """Build the book (incremental: fast when nothing changed) once per run, whichever test
+    file's process asks first (test_wheel.py and test_student_build.py read the same build);
+    fail with the build's log."""
+    from conftest import clone_lock, run_folder
+
+    with clone_lock():  # one build at a time into _build
+        if not (run_folder() / "book-built").exists():
+            _build_book()
+            (run_folder() / "book-built").touch()
+    return HTML
+
+
+def _build_book() -> None:
     jb = Path(sys.executable).with_name("jupyter-book")
     require(jb.exists(), "jupyter-book is not installed: pip install -e '.[book]'")
     start = time.perf_counter()
@@ -75,7 +87,6 @@ def built_book() -> Path:
         pytest.fail(f"jupyter-book build failed (exit {proc.returncode}):\n"
                     f"{(proc.stdout + proc.stderr)[-4000:]}")
     print(f"book built in {time.perf_counter() - start:.1f} s")
-    return HTML
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):

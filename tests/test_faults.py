@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +72,15 @@ def moments(seed: int) -> list[float]:
     return sorted(np.random.default_rng(seed).uniform(0.3, 4.0, KILLS).tolist())
 
 
+def signal_at(p: subprocess.Popen, at: float, sig: int) -> None:
+    """Send `sig` to `p` `at` seconds after now, unless it has ended before (then a signal
+    would find nothing to stop, and waiting on would only idle)."""
+    try:
+        p.wait(timeout=at)
+    except subprocess.TimeoutExpired:
+        p.send_signal(sig)
+
+
 def same_model(a: Path, b: Path) -> bool:
     return all((a / n).read_bytes() == (b / n).read_bytes()
                for n in ("model.safetensors", "config.json", "tokenizer.json"))
@@ -83,8 +91,7 @@ def test_from_hf_stopped_at_any_moment(hf, tmp_path, sig):
     for k, at in enumerate(moments(sig)):
         out = tmp_path / f"run{k}"
         p = start(["from-hf", hf, "--out", out])
-        time.sleep(at)
-        p.send_signal(sig)
+        signal_at(p, at, sig)
         stdout, err = p.communicate(timeout=120)
         if sig == signal.SIGTERM and p.returncode == -sig:  # starting, or ending: no handler
             assert temps(out, tmp_path) == []
@@ -109,8 +116,7 @@ def test_to_hf_overwrite_stopped_at_any_moment_keeps_one_whole_model(hf, run, tm
     assert cli(["to-hf", run, "--out", old])[0] == 0
     for at in moments(sig + 1):
         p = start(["to-hf", run, "--out", out, "--overwrite"])
-        time.sleep(at)
-        p.send_signal(sig)
+        signal_at(p, at, sig)
         _, err = p.communicate(timeout=120)
         if sig == signal.SIGTERM:  # done, stopped in one line, or stopped while starting
             assert p.returncode in (0, -sig) or (p.returncode == 143

@@ -30,6 +30,9 @@ RUN = ["--preset", "small", "--steps", "20", "--eval-every", "10", "--eval-batch
        "--no-progress", "--sample-chars", "0"]
 ONE = replace(SMALL, steps=20, eval_every=10, eval_batches=4)  # RUN, in this process
 TARGET = 2e-4  # max |validation-loss difference| after 20 steps (float32 rounding is ~1e-6)
+# one mpiexec at a time: each run removes the MPICH files it leaves (_remove_orphans), which
+# could be another run's when two ran at once (the suite runs in two processes: conftest.py)
+pytestmark = pytest.mark.xdist_group("mpiexec")
 
 
 MPICH_SHM = "/dev/shm/mpich_shm_*"  # MPICH's shared memory: a job whose ranks are killed

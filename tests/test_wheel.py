@@ -50,19 +50,22 @@ LEFT_BY_THE_BUILD: set[str] = set()  # what building the wheel added to the clon
 def build_wheel(out: Path) -> Path:
     """The wheel, built offline from a copy of the sources (nothing left in the clone: an
     editable install may have left its *.egg-info already, and that is not the build's)."""
-    before = clone_entries()
-    src = out / "src"
-    for name in SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy(ROOT / name, src / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--no-index", "-q", "-w", str(out / "dist"), str(src)], check=True,
-                   capture_output=True, cwd=out)
-    (wheel,) = (out / "dist").glob("xenith_edu-*.whl")
-    LEFT_BY_THE_BUILD.update(clone_entries() - before)
+    from conftest import clone_lock
+
+    with clone_lock():  # no other test's process writes into the clone meanwhile
+        before = clone_entries()
+        src = out / "src"
+        for name in SOURCES:
+            if (ROOT / name).is_dir():
+                shutil.copytree(ROOT / name, src / name,
+                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                shutil.copy(ROOT / name, src / name)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                        "--no-index", "-q", "-w", str(out / "dist"), str(src)], check=True,
+                       capture_output=True, cwd=out)
+        (wheel,) = (out / "dist").glob("xenith_edu-*.whl")
+        LEFT_BY_THE_BUILD.update(clone_entries() - before)
     return wheel
 
 
