@@ -247,14 +247,20 @@ def test_no_cache_array_of_a_windowed_layer_outgrows_its_window(monkeypatch):
     assert gen.kv_cache_bytes(cfg, 4) == 2 * 2 * (5 + 40 + 5 + 5) * 4 * 4
 
 
-def test_to_hf_refuses_a_window_on_some_layers_only_outside_gemma():
-    """Only Gemma 3 has per-layer windows among the families to-hf writes: any other model with
-    global layers would be written as another model (Mistral's window on every layer), so it
-    says so in one line naming the field; a window on every layer is Mistral's."""
+def test_to_hf_writes_a_window_on_some_layers_as_a_family_that_has_one():
+    """A window on some layers only is written as a family whose config names its layers one
+    by one (layer_types: SmolLM3's for a LLaMA, Qwen's with their own pieces), never as
+    Mistral, whose window is on every layer; a window on every layer is Mistral's. Whether
+    transformers then windows the same layers is tests/test_families.py's round trip."""
     from xenith_edu.model.hf import config_to_hf
 
     base = dict(vocab_size=13, n_embd=8, n_head=2, n_layer=3, sliding_window=4)
     for layers in ((1,), (0, 2)):
-        with pytest.raises(ValueError, match="global_layers"):
-            config_to_hf(xe.Config(**base, global_layers=layers))
+        hf = config_to_hf(xe.Config(**base, global_layers=layers))
+        assert hf["model_type"] == "smollm3" and hf["use_sliding_window"] is True
+        assert [t == "full_attention" for t in hf["layer_types"]] == [l in layers
+                                                                      for l in range(3)]
+        hf = config_to_hf(xe.Config(**base, global_layers=layers, qkv_bias=True))
+        assert hf["model_type"] == "qwen2" and hf["sliding_window"] == 4
+    assert config_to_hf(xe.Config(**base))["model_type"] == "mistral"
     assert config_to_hf(xe.Config(**base))["sliding_window"] == 4

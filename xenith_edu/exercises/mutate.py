@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..tools.workspace import poisoned
 from .changes import RULES, literal, node_changes
 from .types import Spec
 
@@ -292,7 +293,7 @@ def outputs(spec: Spec, m: Mutant, args: tuple) -> dict | None:
     """The mutant's outputs on `args` (float64), by name; None if it fails there."""
     args = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)  # it may write
     try:
-        with _swapped(m.original, m.changed):
+        with _swapped(m.original, m.changed), poisoned():  # an element it never writes: NaN
             call = m.changed if m.original is spec.reference else spec.reference
             out = call(*args)
         out = (out,) if spec.single and not isinstance(out, tuple) else tuple(out)

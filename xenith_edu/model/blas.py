@@ -15,18 +15,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-
-from threadpoolctl import ThreadpoolController
+from typing import Any
 
 # Shape legend: a product of (m, k) by (k, n).
 
 SMALL = 2 ** 18  # multiply-adds: OpenBLAS threads no product below this (its own threshold)
-_controller: list[ThreadpoolController] = []  # made once, on first use (it scans the libraries)
+_controller: list[Any] = []  # threadpoolctl's controller, made once, on first use (it scans
+# the libraries; imported there too, so that importing the model needs NumPy alone)
 
 
 @contextmanager
 def _one_thread() -> Iterator[None]:
     if not _controller:
+        from threadpoolctl import ThreadpoolController  # here: the model imports with NumPy
+
         _controller.append(ThreadpoolController())
     with _controller[0].limit(limits=1, user_api="blas"):  # restored on leaving, even on error
         yield

@@ -18,7 +18,6 @@ from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
 from ..tools.workspace import empty
 
@@ -37,6 +36,8 @@ class Sharded(NamedTuple):
 
 def _blas() -> Any:
     if "blas" not in _state:
+        from threadpoolctl import ThreadpoolController  # here: the model imports with NumPy alone
+
         _state["blas"] = ThreadpoolController().select(user_api="blas")
     return _state["blas"]
 
