@@ -129,3 +129,32 @@ def assert_grads_match(grads: dict, cfg, model: torch.nn.Module, rtol: float = 1
     for name, g in hf_grads.items():
         scale = max(1.0, float(np.abs(g).max()))
         assert np.abs(g - theirs[name].grad.numpy()).max() <= rtol * scale, name
+
+
+def their_step(model: torch.nn.Module, x, y, ignore_index: int | None = None):
+    """transformers' logits (NumPy) and mean cross-entropy of `model` on tokens x and targets
+    y (B, S), its float32 casts removed, after its backward: each parameter's `.grad` is then
+    the gradient. `ignore_index`: a target left out of the loss (our padding token)."""
+    V = model.config.vocab_size
+    with exact_models():
+        logits = model(torch.tensor(x)).logits
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, V), torch.tensor(y).reshape(-1),
+            ignore_index=-100 if ignore_index is None else ignore_index)
+        loss.backward()
+    return logits.detach().numpy(), loss.item()
+
+
+def assert_step_matches(model: torch.nn.Module, params: dict, cfg, x, y,
+                        tol: float = 1e-10) -> None:
+    """Our logits, loss and every parameter gradient within `tol` of transformers' `model` on
+    (x, y), in float64 (the padding token of `cfg`, if any, out of both losses)."""
+    import numpy as np
+
+    from xenith_edu.model import forward, loss_and_grads
+
+    logits, loss = their_step(model, x, y, cfg.pad_token_id)
+    our_loss, grads = loss_and_grads(params, cfg, x, y)
+    assert np.abs(forward(params, cfg, x)[0] - logits).max() <= tol
+    assert abs(our_loss - loss) <= tol
+    assert_grads_match(grads, cfg, model, tol)

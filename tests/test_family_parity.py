@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 import families  # noqa: E402
 from families import NARROW, NEW, SMOLLM_135M, WINDOWED, reduced, tiny_model  # noqa: E402
-from hf_exact import assert_grads_match, exact_models  # noqa: E402
+from hf_exact import assert_step_matches  # noqa: E402
 
-from xenith_edu.model import forward, loss_and_grads  # noqa: E402
+from xenith_edu.model import forward  # noqa: E402
 from xenith_edu.model.config import window_of  # noqa: E402
 from xenith_edu.model.hf import read_hf, write_hf  # noqa: E402
 
@@ -42,18 +42,7 @@ def test_float64_logits_and_every_gradient_match_transformers(tmp_path, rng, fam
     assert windows == families.their_windows(m.config)  # the same layers, by the same width
     assert (family in WINDOWED) <= any(w is not None and w < 12 for w in windows)  # it bites
     x, y = rng.integers(0, V, (2, 12)), rng.integers(0, V, (2, 12))
-    pad = model.config.pad_token_id  # Gemma's 0: out of our loss, so out of theirs
-    with exact_models():
-        logits = m(torch.tensor(x)).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V),
-                                                 torch.tensor(y).reshape(-1),
-                                                 ignore_index=-100 if pad is None else pad)
-        loss.backward()
-    ours, _ = forward(model.params, model.config, x)
-    our_loss, grads = loss_and_grads(model.params, model.config, x, y)
-    assert np.abs(ours - logits.detach().numpy()).max() <= 1e-10
-    assert abs(our_loss - loss.item()) <= 1e-10
-    assert_grads_match(grads, model.config, m)
+    assert_step_matches(m, model.params, model.config, x, y)  # Gemma's pad 0 out of both losses
     # to-hf: transformers loads the folder we write with the very same tensors
     write_hf(tmp_path / "back", model.params, model.config)
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back",

@@ -15,14 +15,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_open_components import vjp_check
+from test_open_components import decoding_is_the_forward, vjp_check
 
 import xenith_edu as xe
 from xenith_edu.attention import causal_attention_backward, causal_attention_forward
 from xenith_edu.geglu import geglu_backward, geglu_forward, gelu_tanh
 from xenith_edu.model import forward, loss_and_grads, random_params
 from xenith_edu.model.check import check_model
-from xenith_edu.model.generate import _feed, _prepare, empty_kv_cache
 from xenith_edu.model.hf import config_from_hf, config_to_hf
 from xenith_edu.model.hf.layout import GEMMA_ALWAYS, gemma_marks, writing_family
 from xenith_edu.qk_norm import qk_norm_backward, qk_norm_forward
@@ -174,14 +173,7 @@ def test_every_gradient_of_any_gemma_mix_against_finite_differences(cfg, seed):
 def test_gemma_decoding_with_the_kv_cache_is_the_forward_pass(cfg, seed):
     """Token by token (the scaled embedding, each layer's window and tables): the forward's
     logits at every position."""
-    rng = np.random.default_rng(seed)
-    params = random_params(cfg, rng)
-    ids = rng.integers(0, 11, 6)
-    full, _ = forward(params, cfg, ids[None, :])
-    w, kv = _prepare(params, cfg), empty_kv_cache(cfg, np.float64)
-    for t in range(6):
-        np.testing.assert_allclose(_feed(params, cfg, w, kv, ids[t : t + 1], t), full[0, t],
-                                   rtol=1e-10, atol=1e-12)
+    decoding_is_the_forward(cfg, seed)
 
 
 @settings(max_examples=10, deadline=None)
@@ -299,7 +291,7 @@ def test_float64_parity_with_the_linear_rope_scaling(tmp_path, rng, family):
     not; a LLaMA file may ask for the same rule on every layer."""
     torch = pytest.importorskip("torch")
     from families import GEMMA_3_1B, NARROW, SMOLLM_135M, reduced, tiny_model
-    from hf_exact import assert_grads_match, exact_models
+    from hf_exact import assert_step_matches
 
     from xenith_edu.model.hf import read_hf
 
@@ -313,15 +305,7 @@ def test_float64_parity_with_the_linear_rope_scaling(tmp_path, rng, family):
     model = read_hf(tmp_path / "hf", np.float64)
     assert (model.config.rope_scaling, model.config.rope_factor) == ("linear", 8.0)
     x, y = rng.integers(1, 40, (2, 12)), rng.integers(1, 40, (2, 12))  # no padding token
-    with exact_models():
-        logits = m(torch.tensor(x)).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 40),
-                                                 torch.tensor(y).reshape(-1))
-        loss.backward()
-    ours, _ = forward(model.params, model.config, x)
-    assert np.abs(ours - logits.detach().numpy()).max() <= 1e-10
-    _, grads = loss_and_grads(model.params, model.config, x, y)
-    assert_grads_match(grads, model.config, m)
+    assert_step_matches(m, model.params, model.config, x, y)
 
 
 @st.composite
@@ -352,7 +336,7 @@ def test_any_gemma_file_is_transformers_model_in_float64(tmp_path_factory, hf, s
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from families import tiny_model
-    from hf_exact import assert_grads_match, exact_models
+    from hf_exact import assert_step_matches
 
     from xenith_edu.model.hf import read_hf, write_hf
 
@@ -362,15 +346,7 @@ def test_any_gemma_file_is_transformers_model_in_float64(tmp_path_factory, hf, s
     model = read_hf(folder / "hf", np.float64)
     rng = np.random.default_rng(seed)
     x, y = rng.integers(1, 40, (2, 12)), rng.integers(1, 40, (2, 12))  # no padding token
-    with exact_models():
-        logits = m(torch.tensor(x)).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 40),
-                                                 torch.tensor(y).reshape(-1))
-        loss.backward()
-    assert np.abs(forward(model.params, model.config, x)[0] - logits.detach().numpy()).max() \
-        <= 1e-10
-    _, grads = loss_and_grads(model.params, model.config, x, y)
-    assert_grads_match(grads, model.config, m)
+    assert_step_matches(m, model.params, model.config, x, y)
     write_hf(folder / "back", model.params, model.config)
     back = transformers.AutoModelForCausalLM.from_pretrained(folder / "back", dtype=torch.float64)
     for name, t in m.state_dict().items():

@@ -235,6 +235,12 @@ def test_defaults_of_the_new_fields_are_the_books_model_bit_for_bit(cfg, seed):
 def test_decoding_with_the_kv_cache_is_the_forward_pass(cfg, seed):
     """Token by token through the KV path (windowed or not): each position's logits are the
     full forward pass's."""
+    decoding_is_the_forward(cfg, seed)
+
+
+def decoding_is_the_forward(cfg: xe.Config, seed: int) -> None:
+    """Six tokens fed one at a time through the KV cache give, at each position, the logits
+    the forward pass gives at once."""
     rng = np.random.default_rng(seed)
     params = random_params(cfg, rng)
     ids = rng.integers(0, 11, 6)
