@@ -12,8 +12,11 @@ attention, Gemma's GeGLU and norms, recompute, and every subset of the targets):
   base arrays are not changed, and recompute gives the same gradients bit for bit;
 - with adapters, no cache keeps the input of a frozen product (the input a weight's gradient
   would need): none is computed, whichever feed-forward (SwiGLU, GeGLU) or attention kernel;
-- the frozen feed-forward block run on row shares (model/rows.py, one thread per BLAS thread)
-  gives the loss and gradients of one pass, to float64 rounding, whatever the rows per shard.
+- the frozen blocks run as sums of parts (model/parts.py, one thread per BLAS thread): the
+  attention over groups of key/value heads, the feed-forward over slices of its hidden width,
+  and the head over shards of the vocabulary, give the loss and gradients of one pass, to
+  float64 rounding, whatever the number of parts (one per BLAS thread, up to one per unit),
+  their sizes (equal or not) and the model's pieces.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from hypothesis import strategies as st
 from threadpoolctl import threadpool_limits
 
 from xenith_edu.lora import lora_backward, lora_forward, lora_init
-from xenith_edu.model import Config, forward, loss_and_grads, random_params, rows
+from xenith_edu.model import Config, ends, forward, loss_and_grads, parts, random_params
 from xenith_edu.model.adapters import (
     TARGETS,
     Adapters,
@@ -35,7 +38,7 @@ from xenith_edu.model.adapters import (
     merged,
     target_size,
 )
-from xenith_edu.model.rows import Sharded
+from xenith_edu.model.parts import Parts, head_groups, hidden_slices
 from xenith_edu.tools.gradcheck import check_gradient
 
 SLOW = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -83,11 +86,12 @@ def test_lora_init_refuses_bad_rank(rank):
 # -- the model with adapters --------------------------------------------------------------
 
 @st.composite
-def lora_models(draw):
+def lora_models(draw, grouped: bool = False):
     """A small config with any mix of the open models' pieces, a spec on any targets, and
-    float64 base weights and adapters (B nonzero) that make every term matter."""
-    H = draw(st.sampled_from([2, 4]))
-    Hkv = draw(st.sampled_from([h for h in (1, 2, H) if H % h == 0]))
+    float64 base weights and adapters (B nonzero) that make every term matter. `grouped`:
+    several key/value heads, each read by one or more query heads (what head groups split)."""
+    H = draw(st.sampled_from([4, 6] if grouped else [2, 4]))
+    Hkv = draw(st.sampled_from([h for h in (1, 2, 3, H) if H % h == 0 and h > grouped]))
     hd = draw(st.sampled_from([2, 4, 6]))
     kw = dict(vocab_size=draw(st.integers(7, 12)), n_head=H, n_kv_head=Hkv, n_embd=H * 4,
               n_layer=draw(st.integers(1, 2)), seq_len=draw(st.integers(2, 6)),
@@ -100,6 +104,13 @@ def lora_models(draw):
     if draw(st.booleans()):  # Gemma 3's pieces: GeGLU, gains 1 + w, post-norms, scaled embedding
         kw.update(activation="gelu_tanh", norm_plus_one=True, post_norms=True,
                   scale_embeddings=True)
+    if draw(st.booleans()):  # windows (Mistral), on some layers with their own RoPE base
+        kw.update(sliding_window=draw(st.integers(1, 3)),  # (Gemma 3), and layers without RoPE
+                  global_layers=draw(st.sampled_from([()] if kw["n_layer"] == 1
+                                                     else [(), (0,)])),  # (SmolLM3)
+                  nope_layers=draw(st.sampled_from([(), (0,)])))
+        if kw["global_layers"] and draw(st.booleans()):
+            kw["local_rope_theta"] = 10.0
     cfg = Config(**kw)
     targets = tuple(draw(st.sets(st.sampled_from(list(TARGETS)), min_size=1)))
     most = min(3, *(min(target_size(cfg, t)) for t in targets))  # a rank the model holds
@@ -179,8 +190,10 @@ def test_fresh_adapters_leave_the_model_unchanged(rng):
     params = random_params(cfg, rng, dtype=np.float64)
     ad = init_adapters(cfg, LoraSpec(2, 8.0, ("q", "k", "v", "o")), rng, np.float64)
     x = rng.integers(0, 9, (2, 5))
-    loss_ad, g = loss_and_grads(params, cfg, x, x, adapters=ad)
-    assert loss_ad == loss_and_grads(params, cfg, x, x)[0]  # B = 0: the frozen model exactly
+    with threadpool_limits(1):  # one pass (no shards, no head groups: their sums round
+        loss_ad, g = loss_and_grads(params, cfg, x, x, adapters=ad)  # otherwise; the test
+        loss = loss_and_grads(params, cfg, x, x)[0]  # of the shards compares them)
+    assert loss_ad == loss  # B = 0: the frozen model exactly
     assert all(not g[f"lora_A.{t}"].any() for t in ad.spec.targets)  # dA = s B.T G.T = 0
     assert any(g[f"lora_B.{t}"].any() for t in ad.spec.targets)  # dB moves first
 
@@ -271,19 +284,24 @@ def test_frozen_products_keep_no_input_so_no_weight_gradient_is_made(case):
     assert {"LinearCache", "HeadCache", ffn} <= seen  # the walk reached every frozen product
 
 
-@SLOW
-@given(case=lora_models(), min_rows=st.integers(1, 4))
-def test_row_shards_give_the_gradients_of_one_pass(case, min_rows):
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=st.one_of(lora_models(), lora_models(grouped=True)), threads=st.integers(2, 4))
+def test_blocks_run_as_sums_of_parts_give_the_gradients_of_one_pass(case, threads):
     cfg, params, ad, x, y, _ = case
-    with threadpool_limits(1):  # one BLAS thread: one pass, no shards
+    with threadpool_limits(1):  # one BLAS thread: one pass, no parts
         loss, grads = loss_and_grads(params, cfg, x, y, adapters=ad)
-        assert rows.row_shards(x.size) is None
-    with threadpool_limits(2), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rows, "MIN_ROWS", min_rows)  # shards of a few rows: every boundary tried
-        bounds = rows.row_shards(x.size)
-        assert bounds is None or bounds[0][0] == 0 and bounds[-1][1] == x.size
+        assert head_groups(cfg, x.size) is None and hidden_slices(cfg, x.size) is None
+    with threadpool_limits(threads), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parts, "MIN_WORK", 0)  # parts however small,
+        mp.setattr(ends, "SPLIT", 0)  # and the head on vocabulary shards too
+        groups, slices = head_groups(cfg, x.size), hidden_slices(cfg, x.size)
+        assert (groups is None) == (min(threads, cfg.kv_heads) < 2)  # at most one per unit
+        for split, n in ((groups, cfg.kv_heads), (slices, cfg.hidden)):
+            assert split is None or [u for lo, hi in split for u in range(lo, hi)] == list(
+                range(n))  # every unit in one part, in order
         _, cache = forward(params, cfg, x, adapters=ad)
-        assert isinstance(cache.layers[0].ffn, Sharded) == (bounds is not None)
+        assert isinstance(cache.layers[0].ffn, Parts) and slices is not None
+        assert isinstance(cache.layers[-1].attn, Parts) == (groups is not None)
         loss_s, grads_s = loss_and_grads(params, cfg, x, y, adapters=ad)
     assert loss_s == pytest.approx(loss, rel=1e-12)
     for k, g in grads.items():

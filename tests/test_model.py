@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from threadpoolctl import threadpool_limits
 
 import xenith_edu as xe
 from xenith_edu import model
-from xenith_edu.model import check_model
+from xenith_edu.model import check_model, ends
 from xenith_edu.model.params import random_params
 from xenith_edu.softmax_ce import softmax_cross_entropy
 from xenith_edu.tools.gradcheck import check_gradient
@@ -473,3 +476,28 @@ def test_init_and_random_params_are_their_documented_draws():
         small = random_params(cfg, np.random.default_rng(2), 0.1, 0.0, np.float32)
         assert small["wq"].dtype == np.float32 and np.all(small["rms_ffn"] == 1.0)
         np.testing.assert_allclose(small["wte"], params["wte"] / 4, rtol=1e-6)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(V=st.integers(2, 13), H=st.sampled_from([1, 2]), tied=st.booleans(),
+       threads=st.integers(2, 4), B=st.integers(1, 2), seed=st.integers(0, 2**16))
+def test_the_head_on_vocabulary_shards_gives_the_gradients_of_one_pass(V, H, tied, threads, B,
+                                                                       seed):
+    """Above `ends.SPLIT` multiply-adds (a real vocabulary's), with several BLAS threads, the
+    head runs as one product per shard of the vocabulary on threads: the logits are the
+    shards' columns, dxf the sum of their parts, the output projection's gradient their rows.
+    Here SPLIT is 0, so every size is split, empty shards included (V below the threads)."""
+    cfg = model.Config(vocab_size=V, n_embd=4 * H, n_head=H, n_layer=1, seq_len=4,
+                       tie_embeddings=tied)
+    rng = np.random.default_rng(seed)
+    params = random_params(cfg, rng, dtype=np.float64)
+    x, y = rng.integers(0, V, (2, B, 4))
+    with threadpool_limits(1):
+        loss, grads = model.loss_and_grads(params, cfg, x, y)
+    with threadpool_limits(threads), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ends, "SPLIT", 0)
+        assert ends.vocab_shards(B * 4, cfg.n_embd, V) is not None
+        loss_s, grads_s = model.loss_and_grads(params, cfg, x, y)
+    assert loss_s == pytest.approx(loss, rel=1e-12)
+    for k, g in grads.items():
+        np.testing.assert_allclose(grads_s[k], g, rtol=1e-10, atol=1e-13, err_msg=k)

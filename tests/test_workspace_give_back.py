@@ -120,3 +120,83 @@ def test_any_sequence_of_asks_drops_and_give_backs_hands_out_only_free_arrays(op
             held.pop(i % len(held))
         elif op == "give_back" and held:
             ws.give_back(held[i % len(held)])
+
+
+def test_a_full_workspace_frees_what_the_shard_threads_made(monkeypatch):
+    """With adapters and several BLAS threads, a layer's cache holds arrays that other threads
+    made from their own workspaces (the blocks' parts, `model/parts.py`): once those are full,
+    `give_back` reaches them too, and every array of layer l dies as the backward leaves it."""
+    from threadpoolctl import threadpool_limits
+
+    from xenith_edu.model import cores, parts
+    from xenith_edu.model.adapters import LoraSpec, init_adapters
+
+    rng = np.random.default_rng(0)
+    cfg = xe.Config(vocab_size=17, n_embd=64, n_head=4, n_kv_head=2, n_layer=3, seq_len=64)
+    params = random_params(cfg, rng, dtype=np.float32)
+    ad = init_adapters(cfg, LoraSpec(2, 4.0, ("q", "v", "o")), rng, np.float32)
+    x, y = rng.integers(0, 17, (4, 64)), rng.integers(0, 17, (4, 64))
+    monkeypatch.setattr(parts, "MIN_WORK", 0)
+    limit = 2**20  # a few of a layer's arrays: each workspace keeps some, then is full
+    monkeypatch.setattr(wsm, "_LIMIT_BYTES", limit)  # the threads' new workspaces
+    with threadpool_limits(2):
+        monkeypatch.setitem(cores._state, "pool", None)  # a pool of one thread, whose
+        cores.on_threads([wsm.workspace, wsm.workspace])  # workspace is new
+        for ws in list(wsm._every):  # and the existing ones, from nothing
+            ws.clear()
+            monkeypatch.setattr(ws, "limit_bytes", limit)
+        made_by = set()
+
+        def run() -> None:
+            _, cache = transformer.forward(params, cfg, x, adapters=ad)
+            assert isinstance(cache.layers[0].attn, parts.Parts)
+            assert isinstance(cache.layers[0].ffn, parts.Parts)
+            shared = {id(r) for r in wsm._roots([params, ad.weights, cache.cos, cache.sin,
+                                                  cache.x, cache.embedding, cache.head,
+                                                  cache.logits])}
+            refs = [[weakref.ref(r) for r in wsm._roots(layer) if id(r) not in shared]
+                    for layer in cache.layers]
+            for ws in [wsm.workspace(), *wsm._every]:  # where the layers' arrays came from
+                kept = {id(a) for arrays in ws._arrays.values() for a in arrays}
+                if any(id(r()) in kept for layer in refs for r in layer):
+                    made_by.add(id(ws))
+            dead: list[bool] = []
+            transformer.backward(params, cfg, cache, y, release=True, on_layer=lambda l, g:
+                                 dead.append(all(r() is None for r in refs[l])))
+            assert dead == [True] * cfg.n_layer
+
+        try:
+            _with_workspace(limit, lambda: (run(), run()))
+        finally:
+            for ws in list(wsm._every):  # no full workspace left behind for other tests
+                ws.clear()
+    assert len(made_by) >= 2  # the arrays came from more than this thread's workspace
+
+
+@settings(max_examples=100, deadline=None)
+@given(before=st.lists(st.integers(1, 4), max_size=6), inside=st.lists(st.integers(1, 4),
+                                                                        max_size=8),
+       held=st.integers(0, 6), limit=st.sampled_from([0, 2**16, 2**30]))
+def test_keeping_all_keeps_every_array_of_the_block_and_then_only_those(before, inside, held,
+                                                                        limit):
+    """Inside `keeping_all` (a LoRA step) the workspace keeps every array it makes, whatever
+    its limit, and gives nothing back; when the block ends it holds exactly the arrays the block
+    was handed (another call's are forgotten), full if they are above its limit."""
+    ws = Workspace(limit_bytes=limit)
+    shape = lambda k: (k, wsm._SMALL + 1)  # above `_SMALL`: from the workspace  # noqa: E731
+    kept_before = [ws.empty(shape(k), np.float32) for k in before][:held]  # some still held
+    old = getattr(wsm._local, "ws", None)
+    wsm._local.ws = ws
+    try:
+        with wsm.keeping_all():
+            got = [wsm.empty(shape(k), np.float32) for k in inside]
+            assert {id(a) for a in got} <= {id(a) for arrays in ws._arrays.values()
+                                            for a in arrays}  # kept, whatever the limit
+            assert wsm.give_back(got) is False and ws.nbytes >= sum(a.nbytes for a in got)
+            assert not any(a is b for a in got for b in kept_before)  # never a held one
+    finally:
+        wsm._local.ws = old
+    lists = {id(arrays): arrays for arrays in ws._arrays.values()}  # a list may sit under two
+    now = [a for arrays in lists.values() for a in arrays]  # spellings of its dtype
+    assert {id(a) for a in now} == {id(a) for a in got}
+    assert ws.nbytes == sum(a.nbytes for a in now) and ws.full == (ws.nbytes > limit)

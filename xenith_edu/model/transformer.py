@@ -29,12 +29,13 @@ to the next (no page faults, no process setting); benchmarks/README.md has the m
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import numpy as np
 
 from ..attention import AttentionCache, causal_attention_backward, causal_attention_forward
-from ..bias import BiasCache, bias_backward, bias_forward
+from ..bias import BiasCache, bias_backward
 from ..embedding import EmbeddingCache, embedding_backward
 from ..flash_attention import FlashCache, flash_attention_backward, flash_attention_forward
 from ..geglu import GeGLUCache, geglu_backward, geglu_forward
@@ -45,7 +46,7 @@ from ..rmsnorm import RMSNormCache, rmsnorm_backward, rmsnorm_forward
 from ..rope import RopeCache, rope_backward, rope_forward
 from ..softmax_ce import softmax_cross_entropy
 from ..swiglu import GateUpWeights, SwiGLUCache, swiglu_backward, swiglu_forward
-from ..tools.workspace import empty, empty_like, give_back, return_freed
+from ..tools.workspace import empty, empty_like, give_back, keeping_all, return_freed
 from .adapters import (
     Adapters,
     LayerLora,
@@ -60,11 +61,19 @@ from .checks import check_params, check_targets, check_tokens
 from .config import Config, norm_offset, window_of
 from .ends import HeadCache, embed, embed_scale, head_backward, head_forward
 from .params import PARAM, layer_names, param_shapes
+from .parts import (
+    Parts,
+    attention_parts,
+    backward_parts,
+    feed_forward_parts,
+    head_groups,
+    hidden_slices,
+)
 from .positions import layer_tables, qk_rope_tables
-from .rows import Sharded, backward_rows, forward_rows, row_shards
+from .qkv import FrozenQKV, frozen_qkv_dx, qkv_forward
 
 __all__ = [
-    "AttentionBlockCache", "LayerCache", "ModelCache", "PastKV",
+    "AttentionBlockCache", "FrozenQKV", "LayerCache", "ModelCache", "PastKV",
     "SwiGLUBlockCache", "attention_block_backward", "attention_block_forward", "backward",
     "forward", "layer_backward", "layer_forward", "layer_params", "layer_window",
     "loss_and_grads", "merge_heads", "split_heads",
@@ -101,7 +110,8 @@ class AttentionBlockCache(NamedTuple):
     """What `attention_block_backward` needs, step by step in reverse."""
 
     norm: RMSNormCache  # xb = rmsnorm(h, rms_attn): xhat, rstd and the gain
-    qkv: LinearCache  # qkv = xb @ [wq | wk | wv]: both factors of the one fused product
+    qkv: LinearCache | FrozenQKV  # qkv = xb @ [wq | wk | wv]: both factors of the one fused
+    # product, or with adapters (frozen) the three weights as they are
     bias: BiasCache | None  # qkv += [bq | bk | bv] (Config.qkv_bias): the width, to sum over
     qk_norm: QKNormPair | None  # q, k = rmsnorm of each head of q and of k (Config.qk_norm)
     rope: RopeCache  # q, k = rope(q), rope(k): the tables (S, (dq + dkv)/2) that `forward`
@@ -170,21 +180,6 @@ def layer_window(cfg: Config, layer: int | None) -> int | None:
     return cfg.sliding_window
 
 
-def _qkv(xb: np.ndarray, p: dict, cfg: Config) -> tuple[np.ndarray, LinearCache,
-                                                         BiasCache | None]:
-    """q, k, v side by side (N, dq + 2dkv): xb @ [wq | wk | wv], plus [bq | bk | bv] if any."""
-    d, w = xb.shape[1], cfg.q_dim + 2 * cfg.kv_dim
-    wqkv = p.get("wqkv")  # (d, dq + 2dkv) made once by a caller that runs the layer often
-    if wqkv is None:  # (decoding: `generate` fuses each layer's once, not at every token)
-        wqkv = np.concatenate((p["wq"], p["wk"], p["wv"]), axis=1, out=empty((d, w), xb.dtype))
-    qkv, qkv_cache = linear_forward(xb, wqkv)  # (N, dq + 2dkv)
-    if not cfg.qkv_bias:
-        return qkv, qkv_cache, None
-    b = np.concatenate((p["bq"], p["bk"], p["bv"]))  # (dq + 2dkv,)
-    qkv, bias = bias_forward(qkv, b, out=qkv)  # in place: qkv is ours
-    return qkv, qkv_cache, bias
-
-
 def _normed_qk(qk: np.ndarray, p: dict, cfg: Config) -> tuple[np.ndarray, QKNormPair | None]:
     """QK-norm (Config.qk_norm) on qk (B, S, dq + dkv): each head of q and of k by its gain."""
     if not cfg.qk_norm:
@@ -216,10 +211,10 @@ def attention_block_forward(
     B, w = h.shape[0] // S, dq + 2 * dkv
     xb, norm = rmsnorm_forward(h, p["rms_attn"], cfg.norm_eps, norm_offset(cfg))  # (N, d)
     # q, k, v = xb @ wq (+ bq), xb @ wk (+ bk), xb @ wv (+ bv), as one product
-    qkv, qkv_cache, bias = _qkv(xb, p, cfg)  # (N, dq + 2dkv)
+    qkv, qkv_cache, bias = qkv_forward(xb, p, cfg, lora is not None)  # (N, dq + 2dkv)
     adapted = None if lora is None else adapt_qkv(qkv, xb, lora, cfg)  # q, k, v += x A.T B.T
-    if adapted is not None:  # the frozen product: no dW, so its input need not be kept
-        qkv_cache = LinearCache(None, qkv_cache.w)
+    if adapted is not None and isinstance(qkv_cache, LinearCache):  # the frozen product: no
+        qkv_cache = LinearCache(None, qkv_cache.w)  # dW, so its input need not be kept
     qk, qk_norm = _normed_qk(qkv.reshape(B, S, w)[:, :, : dq + dkv], p, cfg)  # (B, S, dq + dkv)
     # q, k = rope(q), rope(k), all heads in one pass over the rows as the product left them:
     # a row's q and k columns are H + Hkv heads side by side, and the repeated tables give pair
@@ -309,7 +304,10 @@ def attention_block_backward(
         _, db = bias_backward(dqkv, cache.bias)  # (dq + 2dkv,)
         grads["bq"], grads["bk"], grads["bv"] = db[:dq], db[dq : dq + dkv], db[dq + dkv :]
     # qkv = xb @ [wq | wk | wv]: xb fans out to q, k and v, so dxb sums the three paths.
-    dxb, dwqkv = linear_backward(dqkv, cache.qkv)  # (N, d), (d, dq + 2dkv)
+    if isinstance(cache.qkv, FrozenQKV):  # frozen: each product's dx, summed
+        dxb, dwqkv = frozen_qkv_dx(dqkv, cache.qkv), None  # (N, d)
+    else:
+        dxb, dwqkv = linear_backward(dqkv, cache.qkv)  # (N, d), (d, dq + 2dkv)
     if cache.lora is not None:  # frozen: the adapters' gradients alone; their dx add to dxb
         lora_qkv_grads(dqkv, dxb, cache.lora, grads, dq, dkv)
         dh, _ = rmsnorm_backward(dxb, cache.norm)  # (N, d)
@@ -383,8 +381,10 @@ def swiglu_block_backward(
 class LayerCache(NamedTuple):
     """What `layer_backward` needs: the caches of the layer's two blocks."""
 
-    attn: AttentionBlockCache
-    ffn: SwiGLUBlockCache | Sharded  # Sharded: a frozen block run on row shards (model/rows.py)
+    attn: AttentionBlockCache | Parts  # Parts: a frozen block run as a sum over groups of
+    # key/value heads (model/parts.py)
+    ffn: SwiGLUBlockCache | Parts  # Parts: a frozen block run as a sum over slices of its
+    # hidden width
 
 
 def layer_forward(
@@ -395,12 +395,19 @@ def layer_forward(
 
     cos, sin (S, (d + dkv)/2), `past` (decoding), `layer` (its index) and `lora` (adapters,
     the layer's weights frozen) as `attention_block_forward` takes them."""
-    out, attn = attention_block_forward(h, p, cfg, cos, sin, past, layer, lora)  # (N, d)
+    attn: AttentionBlockCache | Parts
+    frozen = lora is not None and past is None  # training with adapters: the weights frozen
+    groups = head_groups(cfg, h.shape[0]) if frozen else None
+    if lora is not None and groups is not None:  # a group of key/value heads per BLAS thread
+        out, attn = attention_parts(attention_block_forward, h, p, cfg, cos, sin, layer, lora,
+                                    groups)  # (N, d)
+    else:
+        out, attn = attention_block_forward(h, p, cfg, cos, sin, past, layer, lora)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection h + out (out is ours: its memory is reused)
-    ffn: SwiGLUBlockCache | Sharded
-    bounds = None if lora is None or past is not None else row_shards(h.shape[0])
-    if bounds is not None:  # frozen: row by row, a shard per BLAS thread
-        out, ffn = forward_rows(swiglu_block_forward, h, bounds, p, cfg, True)  # (N, d)
+    ffn: SwiGLUBlockCache | Parts
+    slices = hidden_slices(cfg, h.shape[0]) if frozen else None
+    if slices is not None:  # frozen: a slice of the hidden units per BLAS thread
+        out, ffn = feed_forward_parts(swiglu_block_forward, h, p, cfg, slices)  # (N, d)
     else:
         out, ffn = swiglu_block_forward(h, p, cfg, lora is not None)  # (N, d)
     h = np.add(h, out, out=out)  # residual connection
@@ -413,13 +420,17 @@ def layer_backward(
     """One layer in reverse, SwiGLU block first: the stream's gradient below the layer, and the
     gradients of the layer's parameters."""
     # h = h + swiglu_block(h): the stream passes dh on unchanged, the block adds its part.
-    if isinstance(cache.ffn, Sharded):
-        dx, grads = backward_rows(swiglu_block_backward, dh, cache.ffn)
+    if isinstance(cache.ffn, Parts):
+        dx, grads = backward_parts(swiglu_block_backward, dh, cache.ffn, "rms_ffn_post")
     else:
         dx, grads = swiglu_block_backward(dh, cache.ffn)
     dh = np.add(dh, dx, out=dx)  # dh + dx, written over dx (ours)
     # h = h + attention_block(h)
-    dx, grads_attn = attention_block_backward(dh, cache.attn)
+    if isinstance(cache.attn, Parts):
+        dx, grads_attn = backward_parts(attention_block_backward, dh, cache.attn,
+                                        "rms_attn_post")
+    else:
+        dx, grads_attn = attention_block_backward(dh, cache.attn)
     dh = np.add(dh, dx, out=dx)
     return dh, {**grads_attn, **grads}
 
@@ -568,5 +579,8 @@ def loss_and_grads(
     """
     if isinstance(x, np.ndarray):
         check_targets(y, x, cfg)  # before the forward pass, so a bad y costs nothing
-    _, cache = forward(params, cfg, x, recompute=recompute, adapters=adapters)
-    return backward(params, cfg, cache, y, release=True)  # the cache is ours alone
+    # frozen (LoRA): the backward makes nothing that the caches' memory could serve, so the
+    # workspaces keep every array of the step, for the next (`keeping_all`)
+    with keeping_all() if adapters is not None else nullcontext():
+        _, cache = forward(params, cfg, x, recompute=recompute, adapters=adapters)
+        return backward(params, cfg, cache, y, release=True)  # the cache is ours alone
