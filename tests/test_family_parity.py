@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -24,6 +25,21 @@ from xenith_edu.model.hf import read_hf, write_hf  # noqa: E402
 
 V = 40
 ALL = {**NEW, **WINDOWED, "SmolLM-135M": SMOLLM_135M}
+
+
+@pytest.fixture(autouse=True)
+def one_thread_each():
+    """One BLAS thread and one torch thread in these tests: what they compare (logits,
+    gradients, tensors) does not depend on it, and in the suite's two processes on two cores
+    two threads each spin waiting for a core (the file took 75 s beside one busy core, 27 s
+    with one thread). The threads' own behaviour is test_threads.py's and test_lora.py's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def narrow(family: str) -> dict:
