@@ -31,8 +31,8 @@ ALL = {**NEW, **WINDOWED, "SmolLM-135M": SMOLLM_135M}
 def one_thread_each():
     """One BLAS thread and one torch thread in these tests: what they compare (logits,
     gradients, tensors) does not depend on it, and in the suite's two processes on two cores
-    two threads each spin waiting for a core (the file took 75 s beside one busy core, 27 s
-    with one thread). The threads' own behaviour is test_threads.py's and test_lora.py's."""
+    two threads each spin waiting for a core (the file took 44 s of CPU beside one busy core,
+    23 s with one thread). The threads' own behaviour is test_threads.py's and test_lora.py's."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
