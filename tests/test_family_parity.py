@@ -11,7 +11,6 @@ import json
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -23,23 +22,10 @@ from xenith_edu.model import forward  # noqa: E402
 from xenith_edu.model.config import window_of  # noqa: E402
 from xenith_edu.model.hf import read_hf, write_hf  # noqa: E402
 
+# one thread each (conftest.py): the file took 44 s of CPU beside one busy core, 23 s so
+pytestmark = pytest.mark.usefixtures("one_thread_each")
 V = 40
 ALL = {**NEW, **WINDOWED, "SmolLM-135M": SMOLLM_135M}
-
-
-@pytest.fixture(autouse=True)
-def one_thread_each():
-    """One BLAS thread and one torch thread in these tests: what they compare (logits,
-    gradients, tensors) does not depend on it, and in the suite's two processes on two cores
-    two threads each spin waiting for a core (the file took 44 s of CPU beside one busy core,
-    23 s with one thread). The threads' own behaviour is test_threads.py's and test_lora.py's."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with threadpool_limits(limits=1):
-            yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def narrow(family: str) -> dict:
