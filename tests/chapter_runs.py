@@ -31,6 +31,12 @@ from xenith_edu.gradebook.points import SKIP_TAG
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# One BLAS thread in each kernel, as the grader's sandbox gives it: the runs share the machine
+# with each other (three kernels at once) and with the suite's two processes, and on two threads
+# each kernel's products spin waiting for a thread that another process holds. The outputs that
+# nbval compares do not depend on it (notebooks/sanitize.cfg: the BLAS's rounding noise).
+ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
 # the first cell of every run: the package must be the wheel's, not the clone's
 WHICH_PACKAGE = """import xenith_edu, pathlib
 here = pathlib.Path(xenith_edu.__file__).resolve()
@@ -59,6 +65,7 @@ def wheel_env(site: Path) -> dict[str, str]:
     """This process's environment with the wheel's folder as the only PYTHONPATH."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", GRADE_LOG_ENV)}
     env["PYTHONPATH"] = str(site)
+    env.update(ONE_BLAS_THREAD)
     return env
 
 

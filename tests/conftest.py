@@ -288,6 +288,27 @@ def student_runs(chapter_runs: dict) -> dict:
 
 
 @pytest.fixture
+def one_thread_each():
+    """One BLAS thread, and one torch thread where torch is loaded, for a test whose assertions
+    do not depend on threads: `make test` runs two processes on two cores, where a product on
+    two threads spins waiting for the core the other process holds. A file opts in with
+    `pytestmark = pytest.mark.usefixtures("one_thread_each")`; the threads' own behaviour is
+    tested where the default stays (test_threads.py, test_processes.py, test_lora.py)."""
+    from threadpoolctl import threadpool_limits  # a core dependency of the package
+
+    torch = sys.modules.get("torch")  # only if the test file loaded it: --fast needs none
+    before = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        if torch is not None:
+            torch.set_num_threads(before)
+
+
+@pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 

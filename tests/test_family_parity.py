@@ -22,6 +22,8 @@ from xenith_edu.model import forward  # noqa: E402
 from xenith_edu.model.config import window_of  # noqa: E402
 from xenith_edu.model.hf import read_hf, write_hf  # noqa: E402
 
+# one thread each (conftest.py): the file took 44 s of CPU beside one busy core, 23 s so
+pytestmark = pytest.mark.usefixtures("one_thread_each")
 V = 40
 ALL = {**NEW, **WINDOWED, "SmolLM-135M": SMOLLM_135M}
 

@@ -32,6 +32,7 @@ from xenith_edu.rope_scaling import LinearScaling
 # the same cases on every run: among random inputs, about one in 600 to 800 has a coordinate
 # whose gradient is near 0 (a row of the softmax nearly one-hot, a gate at gelu's zero), where
 # central differences' rounding shows; the project's component tests have the same rate
+pytestmark = pytest.mark.usefixtures("one_thread_each")  # conftest.py: nothing here counts threads
 SLOW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                 derandomize=True)
 

@@ -31,6 +31,7 @@ from xenith_edu.model.params import random_params
 # Shape legend: B batch, S positions, N = B*S, d width, H heads, hd head width, f hidden,
 # V vocab, L layers.
 
+pytestmark = pytest.mark.usefixtures("one_thread_each")  # conftest.py: nothing here counts threads
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "torch.ipynb"
 
