@@ -285,8 +285,9 @@ def test_frozen_products_keep_no_input_so_no_weight_gradient_is_made(case):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=st.one_of(lora_models(), lora_models(grouped=True)), threads=st.integers(2, 4))
-def test_blocks_run_as_sums_of_parts_give_the_gradients_of_one_pass(case, threads):
+@given(case=st.one_of(lora_models(), lora_models(grouped=True)), threads=st.integers(2, 4),
+       recompute=st.booleans())
+def test_blocks_run_as_sums_of_parts_give_the_gradients_of_one_pass(case, threads, recompute):
     cfg, params, ad, x, y, _ = case
     with threadpool_limits(1):  # one BLAS thread: one pass, no parts
         loss, grads = loss_and_grads(params, cfg, x, y, adapters=ad)
@@ -302,7 +303,8 @@ def test_blocks_run_as_sums_of_parts_give_the_gradients_of_one_pass(case, thread
         _, cache = forward(params, cfg, x, adapters=ad)
         assert isinstance(cache.layers[0].ffn, Parts) and slices is not None
         assert isinstance(cache.layers[-1].attn, Parts) == (groups is not None)
-        loss_s, grads_s = loss_and_grads(params, cfg, x, y, adapters=ad)
+        loss_s, grads_s = loss_and_grads(params, cfg, x, y, recompute, adapters=ad)  # the
+        # parts made again in the backward, when recomputing
     assert loss_s == pytest.approx(loss, rel=1e-12)
     for k, g in grads.items():
         np.testing.assert_allclose(grads_s[k], g, rtol=1e-10, atol=1e-13, err_msg=k)
