@@ -45,7 +45,23 @@ def converted(tmp_path_factory):
     return tmp
 
 
-def test_lora_trains_the_adapters_alone_and_resumes_bit_for_bit(converted, tmp_path, capsys):
+@pytest.mark.parametrize("parts", [False, True])
+def test_lora_trains_the_adapters_alone_and_resumes_bit_for_bit(converted, tmp_path, capsys,
+                                                                monkeypatch, request, parts):
+    """`parts`: the frozen blocks as sums of parts and the head on vocabulary shards, a thread
+    each (model/parts.py; here at any size), as at a real model's: the same exactness."""
+    ran: list[int] = []
+    if parts:
+        from threadpoolctl import threadpool_limits
+
+        from xenith_edu.model import cores, ends
+        from xenith_edu.model import parts as parts_mod
+
+        monkeypatch.setattr(parts_mod, "MIN_WORK", 0)
+        monkeypatch.setattr(ends, "SPLIT", 0)
+        request.addfinalizer(threadpool_limits(2).restore_original_limits)
+        real = cores.on_threads
+        monkeypatch.setattr(parts_mod, "on_threads", lambda calls: ran.append(1) or real(calls))
     common = ["--text", converted / "text.txt", *COMMON]
     init = converted / "run"
     rc, _, err = run(["train", "--init", init, "--out", tmp_path / "a", "--steps", "4", *LORA,
@@ -73,6 +89,7 @@ def test_lora_trains_the_adapters_alone_and_resumes_bit_for_bit(converted, tmp_p
         assert np.array_equal(a.params[k], b.params[k]), k
     changed = {k for k in param_shapes(a.config) if not np.array_equal(a.params[k], a.base[k])}
     assert changed == {"wq", "wv", "wo"}
+    assert bool(ran) == parts  # the parts ran, or not
 
 
 def test_to_hf_merges_or_writes_a_peft_adapter_folder(converted, tmp_path, capsys):

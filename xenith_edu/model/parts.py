@@ -44,7 +44,7 @@ from .cores import blas_threads, on_threads
 # of dq, its k and v columns [lo*hd, hi*hd) of dkv. A hidden slice holds units [lo, hi) of f.
 
 MIN_WORK = 2 ** 22  # multiply-adds of a part's products at least: below, a thread costs more
-# than it gains (the book's model at its batch of 12 has 3 * 2**22 in its q, k, v product)
+# than it gains (the book's model at its batch of 12 has 9 * 2**22 in its q, k, v product)
 
 # the gradients that a part makes a piece of, by the axis its piece lies along: the output rows
 # of B for q, k, v, the input columns of A for o (and the biases', when trained). Every other
