@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -88,6 +88,17 @@ def clone_lock() -> FileLock:
     """Held while a test writes into the clone (the book's build into _build) or checks what
     a build leaves there (the wheel's): in two processes, such tests take turns."""
     return FileLock(run_folder() / "clone.lock")
+
+
+def book_extension() -> Any:
+    """The book's Sphinx extension (book/_ext/xenith_book.py), imported as the build does:
+    its directives, its list of exercises and its recipe for the site's wheel."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
+    try:
+        import xenith_book
+    finally:
+        sys.path.pop(0)
+    return xenith_book
 
 
 def pytest_configure(config: pytest.Config) -> None:

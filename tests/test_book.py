@@ -26,6 +26,7 @@ from pathlib import Path
 from urllib.parse import unquote, urldefrag, urlsplit
 
 import pytest
+from conftest import book_extension
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
@@ -350,11 +351,7 @@ def test_opens_from_the_file_system(browser, built_book: Path) -> None:
 
 def test_launch_buttons_follow_the_repository_url() -> None:
     """One setting: no Binder/Colab/repository button while repository.url is empty."""
-    sys.path.insert(0, str(ROOT / "book" / "_ext"))
-    try:
-        from xenith_book import launch_settings
-    finally:
-        sys.path.pop(0)
+    launch_settings = book_extension().launch_settings
     configured = {"binderhub_url": "https://mybinder.org",
                   "colab_url": "https://colab.research.google.com"}
     off = launch_settings("", configured)

@@ -7,10 +7,10 @@ import importlib
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import book_extension
 
 from xenith_edu import chapters
 
@@ -136,12 +136,7 @@ def test_chapters_name_the_rules_by_the_duality_tables_rows() -> None:
 
 
 def _teaching_ext():
-    sys.path.insert(0, str(ROOT / "book" / "_ext"))
-    try:
-        import xenith_book
-    finally:
-        sys.path.pop(0)
-    return xenith_book
+    return book_extension()
 
 
 def test_teaching_page_times_are_computed_from_the_notebooks() -> None:

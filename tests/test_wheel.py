@@ -23,6 +23,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import book_extension, clone_lock
 from packaging.requirements import Requirement
 from test_book import built_book  # noqa: F401  (the fixture: one build, shared)
 
@@ -34,8 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # what a learner's core install must not have: the notebook tooling and the extras
 ABSENT = ("nbformat", "nbclient", "ipykernel", "jupyterlab", "torch", "transformers",
           "tokenizers", "mpi4py", "pytest", "hypothesis")
-SOURCES = ("xenith_edu", "notebooks", "pyproject.toml", "setup.py", "MANIFEST.in",
-           "README.md", "_config.yml")
+
+
+SOURCES = book_extension().WHEEL_SOURCES  # what the wheel is built from: the book's list
 
 
 def clone_entries() -> set[str]:
@@ -48,23 +50,12 @@ LEFT_BY_THE_BUILD: set[str] = set()  # what building the wheel added to the clon
 
 
 def build_wheel(out: Path) -> Path:
-    """The wheel, built offline from a copy of the sources (nothing left in the clone: an
-    editable install may have left its *.egg-info already, and that is not the build's)."""
-    from conftest import clone_lock
-
+    """The wheel, built offline as the book's build makes it (from a copy of the sources:
+    nothing left in the clone; an editable install may have left its *.egg-info already, and
+    that is not the build's)."""
     with clone_lock():  # no other test's process writes into the clone meanwhile
         before = clone_entries()
-        src = out / "src"
-        for name in SOURCES:
-            if (ROOT / name).is_dir():
-                shutil.copytree(ROOT / name, src / name,
-                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-            else:
-                shutil.copy(ROOT / name, src / name)
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                        "--no-index", "-q", "-w", str(out / "dist"), str(src)], check=True,
-                       capture_output=True, cwd=out)
-        (wheel,) = (out / "dist").glob("xenith_edu-*.whl")
+        wheel = book_extension().build_wheel(out / "dist")  # the book's recipe
         LEFT_BY_THE_BUILD.update(clone_entries() - before)
     return wheel
 

@@ -200,3 +200,44 @@ def test_keeping_all_keeps_every_array_of_the_block_and_then_only_those(before, 
     now = [a for arrays in lists.values() for a in arrays]  # spellings of its dtype
     assert {id(a) for a in now} == {id(a) for a in got}
     assert ws.nbytes == sum(a.nbytes for a in now) and ws.full == (ws.nbytes > limit)
+
+
+@settings(max_examples=30, deadline=None)
+@given(made=st.booleans(), depth=st.integers(1, 3), fails=st.booleans(),
+       big=st.booleans())
+def test_keeping_all_and_give_back_never_wait_on_themselves(made, depth, fails, big):
+    """From a thread with or without a workspace of its own yet, inside nested `keeping_all`
+    blocks, a LoRA step that succeeds or raises (adapters of the wrong dtype: a learner's
+    slip) ends: its error reaches the caller, never a hang. (A first version made the thread's
+    workspace while holding the lock that making one takes: the error path hung.)"""
+    import threading
+
+    from xenith_edu.model.adapters import LoraSpec, init_adapters
+
+    d = 64 if big else 8  # above `_SMALL` or not: whether the step makes a workspace at all
+    cfg = xe.Config(vocab_size=300 if big else 9, n_embd=d, n_head=2, n_layer=1, seq_len=8)
+    rng = np.random.default_rng(0)
+    params = random_params(cfg, rng, dtype=np.float32)
+    ad = init_adapters(cfg, LoraSpec(2), rng, np.float64 if fails else np.float32)
+    x = rng.integers(0, cfg.vocab_size, (4, 8))
+    outcome: list = []
+
+    def step() -> None:
+        if made:
+            wsm.workspace()
+        try:
+            def nest(n: int):
+                if n == 0:
+                    return xe.loss_and_grads(params, cfg, x, x, adapters=ad)
+                with wsm.keeping_all():
+                    return nest(n - 1)
+            outcome.append(nest(depth - 1))
+        except ValueError as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=step, daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert not t.is_alive(), "the step never ended"
+    assert isinstance(outcome[0], ValueError) == fails
+    assert wsm._keeping[0] == 0  # every block ended, the count back to none

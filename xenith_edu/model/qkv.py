@@ -28,17 +28,17 @@ class FrozenQKV(NamedTuple):
 
 
 def qkv_forward(xb: np.ndarray, p: dict, cfg: Config, frozen: bool = False
-         ) -> tuple[np.ndarray, LinearCache | FrozenQKV, BiasCache | None]:
+                ) -> tuple[np.ndarray, LinearCache | FrozenQKV, BiasCache | None]:
     """q, k, v side by side (N, dq + 2dkv): xb @ [wq | wk | wv], plus [bq | bk | bv] if any.
     `frozen` (LoRA): three products into their columns, the weights as they are."""
     (N, d), w = xb.shape, cfg.q_dim + 2 * cfg.kv_dim
     wqkv = p.get("wqkv")  # (d, dq + 2dkv) made once by a caller that runs the layer often
     qkv_cache: LinearCache | FrozenQKV
-    if frozen and wqkv is None:  # no (d, dq + 2dkv) copy of the weights, none kept: at
-        qkv = empty((N, w), xb.dtype)  # Llama-3.2-1B's shape 25 MB a layer  # (N, dq + 2dkv)
-        for name, cols in zip(("wq", "wk", "wv"), qkv_columns(cfg.q_dim, cfg.kv_dim).values(),
-                              strict=True):
-            np.matmul(xb, p[name], out=qkv[:, cols])
+    if frozen and wqkv is None:  # no (d, dq + 2dkv) copy of the weights, and none kept (at
+        # Llama-3.2-1B's shape, 25 MB a layer)
+        qkv = empty((N, w), xb.dtype)  # (N, dq + 2dkv)
+        for t, cols in qkv_columns(cfg.q_dim, cfg.kv_dim).items():
+            np.matmul(xb, p[f"w{t}"], out=qkv[:, cols])  # q, k, v each into its columns
         qkv_cache = FrozenQKV(p["wq"], p["wk"], p["wv"])
     else:
         if wqkv is None:  # (decoding: `generate` fuses each layer's once, not at every token)
@@ -55,10 +55,11 @@ def qkv_forward(xb: np.ndarray, p: dict, cfg: Config, frozen: bool = False
 def frozen_qkv_dx(dqkv: np.ndarray, frozen: FrozenQKV) -> np.ndarray:
     """dxb (N, d) = dq @ wq.T + dk @ wk.T + dv @ wv.T, each d* its columns of dqkv."""
     (N, _), (d, dq), dkv = dqkv.shape, frozen.wq.shape, frozen.wk.shape[1]
-    dxb = np.matmul(dqkv[:, :dq], frozen.wq.T, out=empty((N, d), dqkv.dtype))  # (N, d)
-    part = empty((N, d), dqkv.dtype)
-    for w, cols in ((frozen.wk, slice(dq, dq + dkv)), (frozen.wv, slice(dq + dkv, None))):
-        dxb += np.matmul(dqkv[:, cols], w.T, out=part)
+    cols = qkv_columns(dq, dkv)
+    dxb = np.matmul(dqkv[:, cols["q"]], frozen.wq.T, out=empty((N, d), dqkv.dtype))  # (N, d)
+    part = empty((N, d), dqkv.dtype)  # (N, d)
+    for t, w in (("k", frozen.wk), ("v", frozen.wv)):  # xb fans out to q, k and v: dx adds
+        dxb += np.matmul(dqkv[:, cols[t]], w.T, out=part)
     return dxb
 
 

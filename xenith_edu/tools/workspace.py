@@ -187,10 +187,16 @@ def give_back(held: object) -> bool:
     arrays that the threads running a block's parts made (`xenith_edu.model.parts`). Returns
     whether any of them is full. Once the holders have dropped what `held` refers to,
     `return_freed()` hands its pages back to the system."""
+    return any([ws.give_back(held) for ws in _spaces()])
+
+
+def _spaces() -> list[Workspace]:
+    """Every thread's workspace: this thread's (even one that a caller set in place of its
+    own), then the others'. Makes none: a thread without one has nothing to give back."""
     with _every_lock:
         others = list(_every)
-    spaces = {id(ws): ws for ws in (workspace(), *others)}
-    return any([ws.give_back(held) for ws in spaces.values()])
+    own = getattr(_local, "ws", None)
+    return list({id(ws): ws for ws in ([own] if own is not None else []) + others}.values())
 
 
 _keeping = [0]  # how many `keeping_all` blocks are running (in any thread)
@@ -214,10 +220,10 @@ def keeping_all() -> Iterator[None]:
     finally:
         with _every_lock:
             _keeping[0] -= 1
-            spaces = [] if _keeping[0] else list({id(w): w for w in (workspace(), *_every)}
-                                                   .values())
-        for ws in spaces:
-            ws.keep_used()
+            last = not _keeping[0]
+        if last:  # (outside the lock: `_spaces` takes it)
+            for ws in _spaces():
+                ws.keep_used()
 
 
 def return_freed() -> None:
